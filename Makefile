@@ -1,0 +1,42 @@
+# winml-recipes: every target sets up .venv first (a no-op when it is already there).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+MODEL     ?= sam3-tiny
+DEVICE    ?=
+PRECISION ?=
+TARGET_ARGS := $(if $(DEVICE),--device $(DEVICE)) $(if $(PRECISION),--precision $(PRECISION))
+
+.PHONY: install build test golden schema lint bench clean
+
+install: $(STAMP)
+
+# torch goes first and pinned: it installs a local CPU wheel (a loose range pulls CUDA).
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt torch
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[export,dev]'
+	touch $(STAMP)
+
+build: install
+	$(BIN)/winml-recipes build recipes/$(MODEL).yaml $(TARGET_ARGS)
+
+test: install
+	$(BIN)/python -m pytest -q
+
+golden: install
+	$(BIN)/python -m pytest -q tests/golden --force-regen || $(BIN)/python -m pytest -q tests/golden
+
+schema: install
+	$(BIN)/winml-recipes schema --write
+
+lint: install
+	$(BIN)/ruff check winml_recipes tests bench
+	$(BIN)/ruff format --check winml_recipes tests bench
+
+bench: install
+	$(BIN)/python bench/run.py
+
+clean:
+	rm -rf build .pytest_cache

@@ -1,0 +1,114 @@
+"""Catalog entries: components, sources, I/O contracts and shape hints (catalog/*.yaml)."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from winml_recipes.errors import CatalogError
+from winml_recipes.schemas import catalog_schema
+from winml_recipes.specs import IOContract, TensorSpec
+from winml_recipes.yamlfile import load_yaml, validate
+
+CATALOG_ENV = "WINML_RECIPES_CATALOG"
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    source: dict[str, Any]
+    contract: IOContract
+    task: str | None = None
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    name: str
+    path: Path
+    data: dict[str, Any]  # validated raw data (also the `catalog` template variable)
+    components: dict[str, Component]
+
+    @property
+    def family(self) -> str | None:
+        return self.data.get("family")
+
+
+def default_catalog_dir(near: Path | None = None) -> Path:
+    """$WINML_RECIPES_CATALOG, else ../catalog next to a recipe, else ./catalog."""
+    if os.environ.get(CATALOG_ENV):
+        return Path(os.environ[CATALOG_ENV])
+    if near is not None and (near.parent.parent / "catalog").is_dir():
+        return near.parent.parent / "catalog"
+    return Path("catalog")
+
+
+def entry_names(catalog_dir: Path) -> list[str]:
+    return sorted(p.stem for p in catalog_dir.glob("*.yaml"))
+
+
+def load_entry(name: str, catalog_dir: Path) -> CatalogEntry:
+    path = catalog_dir / f"{name}.yaml"
+    if not path.is_file():
+        names = entry_names(catalog_dir)
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise CatalogError(
+            f"unknown catalog entry '{name}'{hint}; entries in {catalog_dir}: "
+            f"{', '.join(names) or 'none'}"
+        )
+    return load_file(path)
+
+
+def load_file(path: Path) -> CatalogEntry:
+    loaded = load_yaml(path.read_text(), str(path), CatalogError)
+    if not isinstance(loaded.data, dict):
+        raise CatalogError("a catalog entry must be a mapping", where=f"{path}:1")
+    validate(loaded, catalog_schema(), str(path), CatalogError)
+    data = loaded.data
+    if data["name"] != path.stem:
+        line = loaded.lines.get(("name",), 1)
+        raise CatalogError(
+            f"$.name: '{data['name']}' must match the file name '{path.stem}'",
+            where=f"{path}:{line}",
+        )
+    components = {
+        cname: _component(cname, c, loaded.lines, path) for cname, c in data["components"].items()
+    }
+    return CatalogEntry(data["name"], path, data, components)
+
+
+def _component(name: str, data: dict[str, Any], lines: dict, path: Path) -> Component:
+    dims = dict(data.get("dims", {}))
+    inputs = tuple(_tensor(n, s) for n, s in data["inputs"].items())
+    outputs = tuple(_tensor(n, s) for n, s in data["outputs"].items())
+    for spec in inputs:
+        for d in spec.shape:
+            if isinstance(d, str) and d not in dims:
+                line = lines.get(("components", name, "inputs", spec.name, "shape"), 1)
+                raise CatalogError(
+                    f"$.components.{name}.inputs.{spec.name}.shape: dim '{d}' has no default; "
+                    f"add it under components.{name}.dims",
+                    where=f"{path}:{line}",
+                )
+        if spec.range and spec.range[0] > spec.range[1]:
+            line = lines.get(("components", name, "inputs", spec.name, "range"), 1)
+            raise CatalogError(
+                f"$.components.{name}.inputs.{spec.name}.range: low is above high",
+                where=f"{path}:{line}",
+            )
+    return Component(
+        name, dict(data["source"]), IOContract(inputs, outputs, dims), data.get("task")
+    )
+
+
+def _tensor(name: str, spec: dict[str, Any]) -> TensorSpec:
+    return TensorSpec(
+        name=name,
+        dtype=spec.get("dtype", "float32"),
+        shape=tuple(spec["shape"]),
+        range=tuple(spec["range"]) if "range" in spec else None,
+        values=tuple(spec["values"]) if "values" in spec else None,
+    )

@@ -1,0 +1,1 @@
+"""The engine: pass registry, planning, running with a content-addressed cache, manifest."""

@@ -1,0 +1,114 @@
+"""Content-addressed step cache.
+
+An entry is a directory named by its key, holding the step's output files and
+`result.json`. Entries are written under a temp name and renamed into place, so a
+reader sees a whole entry or none; an interrupted writer leaves only a temp dir that
+the next `put` sweeps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import cache as memoize
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import winml_recipes
+from winml_recipes.engine.resolve import canonical_json
+
+CACHE_ENV = "WINML_RECIPES_CACHE"
+RESULT_FILE = "result.json"
+VERSIONED_PACKAGES = ("onnx", "onnxruntime", "onnxscript", "onnx-ir", "torch", "transformers")
+STALE_TMP_SECONDS = 3600
+
+
+@memoize
+def library_versions() -> dict[str, str | None]:
+    """Versions that change emitted graphs; read from metadata (importing torch is slow)."""
+    out: dict[str, str | None] = {"winml-recipes": winml_recipes.__version__}
+    for name in VERSIONED_PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def default_cache_dir() -> Path:
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "winml-recipes"
+
+
+def cache_key(**parts: Any) -> str:
+    payload = canonical_json({**parts, "versions": library_versions()})
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    path: Path
+    result: dict[str, Any]
+
+    @property
+    def model(self) -> Path | None:
+        p = self.path / "model.onnx"
+        return p if p.exists() else None
+
+
+class StepCache:
+    def __init__(self, root: Path | None = None, enabled: bool = True) -> None:
+        self.root = root or default_cache_dir()
+        self.enabled = enabled
+
+    def _dir(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    def get(self, key: str) -> CacheEntry | None:
+        if not self.enabled:
+            return None
+        path = self._dir(key)
+        try:
+            result = json.loads((path / RESULT_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        return CacheEntry(path, result)
+
+    def put(self, key: str, files_dir: Path, result: dict[str, Any]) -> CacheEntry | None:
+        """Store the files of `files_dir` with `result`; returns the stored entry."""
+        if not self.enabled:
+            return None
+        final = self._dir(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        self._sweep(final.parent)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
+        try:
+            for f in files_dir.iterdir():
+                if f.is_file():
+                    shutil.copy2(f, tmp / f.name)
+            (tmp / RESULT_FILE).write_text(json.dumps(result, sort_keys=True, indent=1))
+            try:
+                os.rename(tmp, final)
+            except OSError:  # another build stored the same key first: keep theirs
+                shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return self.get(key)
+
+    def _sweep(self, directory: Path) -> None:
+        now = time.time()
+        for stale in directory.glob(".tmp-*"):
+            try:
+                if now - stale.stat().st_mtime > STALE_TMP_SECONDS:
+                    shutil.rmtree(stale, ignore_errors=True)
+            except OSError:
+                pass

@@ -1,0 +1,103 @@
+"""Pass plugins: a decorator for built-ins and the `winml_recipes.passes` entry-point group."""
+
+from __future__ import annotations
+
+import difflib
+from abc import ABC, abstractmethod
+from importlib import metadata
+from pathlib import Path
+from typing import Any, ClassVar
+
+from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
+from winml_recipes.errors import PlanError
+from winml_recipes.presets import Target
+
+ENTRY_POINT_GROUP = "winml_recipes.passes"
+ANY = frozenset({"*"})
+
+
+class Pass(ABC):
+    """A build step: one options schema plus one run method."""
+
+    name: ClassVar[str]
+    version: ClassVar[int] = 1
+    summary: ClassVar[str] = ""
+    options_schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
+    devices: ClassVar[frozenset[str]] = ANY
+    precisions: ClassVar[frozenset[str]] = ANY
+    # Passes that measure against the float reference put its digest into their cache key.
+    uses_reference: ClassVar[bool] = False
+    # Passes that read the catalog I/O contract put it into their cache key.
+    uses_contract: ClassVar[bool] = False
+    # Passes whose output is the float reference later steps are verified against.
+    produces_reference: ClassVar[bool] = False
+
+    def supports(self, target: Target) -> bool:
+        return (self.devices == ANY or target.device in self.devices) and (
+            self.precisions == ANY or target.precision in self.precisions
+        )
+
+    def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
+        """Why this step does nothing for a model with these facts (None: it runs)."""
+        return None
+
+    def facts_after(self, facts: ModelFacts, options: dict[str, Any]) -> ModelFacts:
+        """The facts of this step's output, predicted at plan time."""
+        return facts
+
+    @abstractmethod
+    def run(
+        self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
+    ) -> StepResult:
+        """Read `src` (None only for steps that create the model), write into `out_dir`."""
+
+
+_REGISTRY: dict[str, type[Pass]] = {}
+_loaded = False
+
+
+def register(cls: type[Pass]) -> type[Pass]:
+    """Class decorator registering a built-in pass."""
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise PlanError(f"pass '{cls.name}' registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def _load() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    import winml_recipes.passes  # noqa: F401  (registers the built-ins)
+
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        cls = ep.load()
+        if not (isinstance(cls, type) and issubclass(cls, Pass)):
+            raise PlanError(f"entry point '{ep.name}' in {ENTRY_POINT_GROUP} is not a Pass")
+        register(cls)
+
+
+def all_passes() -> dict[str, type[Pass]]:
+    _load()
+    return dict(sorted(_REGISTRY.items()))
+
+
+def get_pass(name: str) -> Pass:
+    passes = all_passes()
+    if name not in passes:
+        close = difflib.get_close_matches(name, list(passes), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise PlanError(f"unknown pass '{name}'{hint}; known: {', '.join(passes)}")
+    return passes[name]()
+
+
+def describe_support(cls: type[Pass]) -> tuple[str, str]:
+    devs = "any" if cls.devices == ANY else ", ".join(sorted(cls.devices))
+    precs = "any" if cls.precisions == ANY else ", ".join(sorted(cls.precisions))
+    return devs, precs
+
+
+def model_file(out_dir: Path) -> Path:
+    """The conventional model path inside a step's output directory."""
+    return out_dir / "model.onnx"

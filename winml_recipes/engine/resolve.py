@@ -1,0 +1,136 @@
+"""Catalog sources -> `Source` objects (local file digests, export specs), and source facts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from winml_recipes.catalog import CatalogEntry, Component
+from winml_recipes.engine.types import ModelFacts, Source
+from winml_recipes.errors import SourceError
+from winml_recipes.sources import CatalogName, HfModelId, HubOnnx, LocalHfDir, LocalOnnx, classify
+
+
+def canonical_json(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def resolve_source(entry: CatalogEntry, component: Component) -> Source:
+    """Turn a component's catalog `source` into a `Source`; local files must exist."""
+    spec = component.source
+    where = f"{entry.path}: components.{component.name}.source"
+    if "config" in spec:
+        family = _family(entry, where)
+        export = {
+            "family": family,
+            "component": _export_component(family, component.name),
+            "task": component.task,
+            "config": spec["config"],
+            "seed": int(spec.get("seed", 0)),
+        }
+        ref = f"random weights ({spec['config']['model_type']}, seed {export['seed']})"
+        return Source("export", ref, export=export, digest=_spec_digest(export))
+    ref = classify(spec["ref"], revision=spec.get("revision"), base=entry.path.parent)
+    if isinstance(ref, LocalOnnx):
+        if not ref.path.is_file():
+            raise SourceError(f"source file not found: {ref.path}", where=where)
+        from winml_recipes.onnx.io import artifact_sha256
+
+        return Source("onnx", str(ref.path), path=ref.path, digest=artifact_sha256(ref.path))
+    if isinstance(ref, LocalHfDir | HfModelId):
+        family = _family(entry, where)
+        model_id = str(ref.path) if isinstance(ref, LocalHfDir) else ref.repo_id
+        if isinstance(ref, LocalHfDir) and not ref.path.is_dir():
+            raise SourceError(f"source directory not found: {ref.path}", where=where)
+        revision = None if isinstance(ref, LocalHfDir) else ref.revision
+        export = {
+            "family": family,
+            "component": _export_component(family, component.name),
+            "task": component.task,
+            "model_id": model_id,
+            "revision": revision,
+        }
+        digest_input = dict(export)
+        if isinstance(ref, LocalHfDir):
+            digest_input["files"] = _dir_digest(ref.path)
+        return Source(
+            "export",
+            spec["ref"],
+            revision=revision,
+            export=export,
+            digest=_spec_digest(digest_input),
+        )
+    if isinstance(ref, HubOnnx):
+        return Source("hub_onnx", str(ref), revision=ref.revision, digest=_spec_digest(str(ref)))
+    assert isinstance(ref, CatalogName)
+    raise SourceError(
+        f"'{spec['ref']}' is not a model reference (a catalog name cannot be a source); "
+        "use a local path, org/repo/file.onnx or an HF model id",
+        where=where,
+    )
+
+
+def _family(entry: CatalogEntry, where: str) -> str:
+    if not entry.family:
+        raise SourceError(
+            "exporting needs 'family' in the catalog entry (sam3_tracker, auto)", where=where
+        )
+    return entry.family
+
+
+def _export_component(family: str, component: str) -> str:
+    return "model" if family == "auto" else component
+
+
+def _spec_digest(value: object) -> str:
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()
+
+
+def _dir_digest(path: Path) -> dict[str, int]:
+    """Cheap identity of a local HF directory: file names, sizes and mtimes."""
+    out = {}
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            st = p.stat()
+            out[str(p.relative_to(path))] = f"{st.st_size}:{st.st_mtime_ns}"
+    return out
+
+
+def source_facts(source: Source) -> ModelFacts:
+    """Facts about a source, computed once before planning; never runs onnxruntime."""
+    if source.kind == "export":
+        return ModelFacts(is_onnx=False)
+    if source.kind != "onnx" or source.path is None:
+        return ModelFacts(is_onnx=True)
+    return model_facts(source.path)
+
+
+def model_facts(path: Path) -> ModelFacts:
+    from winml_recipes.onnx.io import load_model, sidecar_paths
+    from winml_recipes.onnx.quant import detect_quantization
+    from winml_recipes.onnx.stamp import is_normalized
+
+    model = load_model(path)
+    quant = detect_quantization(model)
+    dynamic = sorted(
+        {
+            d.dim_param
+            for vi in model.graph.input
+            for d in vi.type.tensor_type.shape.dim
+            if d.dim_param
+        }
+    )
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    sidecars = sidecar_paths(path)
+    return ModelFacts(
+        is_onnx=True,
+        quantized=quant.quantized,
+        quant_summary=quant.describe() if quant.quantized else "",
+        normalized=is_normalized(model),
+        opset=opset,
+        external_data=bool(sidecars),
+        size_bytes=path.stat().st_size + sum(p.stat().st_size for p in sidecars),
+        dynamic_dims=tuple(dynamic),
+        has_reference=not quant.quantized,
+    )

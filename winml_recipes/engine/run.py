@@ -1,0 +1,286 @@
+"""Run a plan: cache lookups, passes, atomic output, graph digests and the manifest."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import winml_recipes
+from winml_recipes.engine.cache import StepCache, cache_key, library_versions
+from winml_recipes.engine.lock import exclusive
+from winml_recipes.engine.plan import ComponentPlan, Plan, PlannedStep
+from winml_recipes.engine.registry import model_file
+from winml_recipes.engine.types import StepContext, StepResult
+from winml_recipes.errors import InternalError, PassError, WinmlError
+from winml_recipes.schemas import SCHEMA_VERSION
+
+MANIFEST = "manifest.json"
+GRAPH_DIGEST = "graph.yaml"
+
+
+class Reporter:
+    """Progress callbacks; the default reports nothing."""
+
+    def step_started(self, component: str, step: PlannedStep) -> None: ...
+    def step_finished(self, component: str, step: PlannedStep, record: dict[str, Any]) -> None: ...
+    def message(self, text: str) -> None: ...
+
+
+@dataclass
+class BuildResult:
+    output_dir: Path
+    manifest: dict[str, Any]
+    models: dict[str, Path] = field(default_factory=dict)
+
+
+@dataclass
+class _State:
+    """Where a component's chain stands while its steps run."""
+
+    model: Path | None
+    digest: str
+    reference: Path | None
+    reference_digest: str | None
+
+
+def output_dir_for(plan: Plan, root: Path) -> Path:
+    return root / plan.recipe.name / f"{plan.target.device}-{plan.target.precision}"
+
+
+def run_plan(
+    plan: Plan,
+    *,
+    output_root: Path = Path("build"),
+    cache: StepCache | None = None,
+    reporter: Reporter | None = None,
+    wait_seconds: float = 600.0,
+) -> BuildResult:
+    """Build every component; the output directory changes only when all steps succeed."""
+    cache = cache or StepCache()
+    reporter = reporter or Reporter()
+    out_dir = output_dir_for(plan, output_root)
+    lock = out_dir.parent / f".{out_dir.name}.lock"
+    with exclusive(lock, wait_seconds=wait_seconds, on_wait=reporter.message):
+        _sweep_stale(out_dir)
+        staging = out_dir.parent / f".staging-{out_dir.name}-{os.getpid()}"
+        staging.mkdir(parents=True)
+        try:
+            started = time.perf_counter()
+            components: dict[str, Any] = {}
+            models: dict[str, Path] = {}
+            for comp in plan.components:
+                components[comp.name], models[comp.name] = _build_component(
+                    comp, plan, staging, cache, reporter
+                )
+            manifest = _manifest(plan, components, time.perf_counter() - started)
+            (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+            shutil.rmtree(staging / ".work", ignore_errors=True)
+            _swap_into_place(staging, out_dir)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    final = {name: out_dir / p.relative_to(staging) for name, p in models.items()}
+    return BuildResult(out_dir, manifest, final)
+
+
+def _sweep_stale(out_dir: Path) -> None:
+    """Remove what an interrupted build left (we hold the lock, so nobody else is writing)."""
+    for pattern in (f".staging-{out_dir.name}-*", f".old-{out_dir.name}-*"):
+        for stale in out_dir.parent.glob(pattern):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _swap_into_place(staging: Path, out_dir: Path) -> None:
+    old = out_dir.parent / f".old-{out_dir.name}-{os.getpid()}"
+    if out_dir.exists():
+        os.rename(out_dir, old)
+    os.rename(staging, out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _build_component(
+    comp: ComponentPlan, plan: Plan, staging: Path, cache: StepCache, reporter: Reporter
+) -> tuple[dict[str, Any], Path]:
+    from winml_recipes.onnx.io import artifact_sha256
+
+    src = comp.source
+    state = _State(
+        model=src.path,
+        digest=src.digest,
+        reference=src.path if comp.facts.has_reference else None,
+        reference_digest=src.digest if comp.facts.has_reference else None,
+    )
+    records = []
+    for step in comp.steps:
+        reporter.step_started(comp.name, step)
+        record = _run_step(comp, step, plan, staging, cache, state)
+        records.append(record)
+        reporter.step_finished(comp.name, step, record)
+    if state.model is None:
+        raise InternalError(f"{comp.name}: no model after the last step")
+    final_dir = staging / comp.name
+    final_dir.mkdir(parents=True)
+    final_model = model_file(final_dir)
+    _copy_model(state.model, final_model)
+    digest = _write_graph_digest(final_model, final_dir / GRAPH_DIGEST)
+    files = [
+        {"path": f"{comp.name}/{p.name}", "size_bytes": p.stat().st_size, "sha256": _sha(p)}
+        for p in sorted(final_dir.iterdir())
+        if p.name != GRAPH_DIGEST
+    ]
+    artifact = {
+        "path": f"{comp.name}/model.onnx",
+        "size_bytes": sum(f["size_bytes"] for f in files),
+        "sha256": artifact_sha256(final_model),
+        "files": files,
+    }
+    del digest
+    return {"source": src.to_manifest(), "steps": records, "artifact": artifact}, final_model
+
+
+def _sha(path: Path) -> str:
+    from winml_recipes.onnx.io import file_sha256
+
+    return file_sha256(path)
+
+
+def _run_step(
+    comp: ComponentPlan,
+    step: PlannedStep,
+    plan: Plan,
+    staging: Path,
+    cache: StepCache,
+    state: _State,
+) -> dict[str, Any]:
+    from winml_recipes.onnx.io import artifact_sha256
+
+    impl = step.impl
+    record: dict[str, Any] = {
+        "pass": step.name,
+        "implementation": f"{type(impl).__module__}.{type(impl).__qualname__}",
+        "version": impl.version,
+        "options": step.options,
+    }
+    if step.skip:
+        return record | {"status": "skipped", "reason": step.skip}
+    started = time.perf_counter()
+    key = cache_key(
+        input=state.digest,
+        reference=state.reference_digest if impl.uses_reference else None,
+        pass_name=step.name,
+        pass_version=impl.version,
+        options=step.options,
+        target=[plan.target.device, plan.target.precision],
+        contract=_contract_key(comp) if impl.uses_contract else None,
+    )
+    record["cache_key"] = key
+    entry = cache.get(key)
+    if entry is not None:
+        status, metrics = "cached", entry.result.get("metrics", {})
+        out_model = entry.model
+        out_digest = entry.result.get("output_sha256")
+    else:
+        status = "ran"
+        work = staging / ".work" / comp.name / f"{step.index:02d}-{step.name}"
+        out = work / "out"
+        out.mkdir(parents=True)
+        (work / "scratch").mkdir()
+        ctx = StepContext(
+            component=comp.name,
+            step_index=step.index,
+            target=plan.target,
+            contract=comp.contract,
+            source=comp.source,
+            reference=state.reference,
+            work_dir=work / "scratch",
+            seed=plan.recipe.seed,
+        )
+        try:
+            result = impl.run(state.model, out, dict(step.options), ctx)
+        except WinmlError as exc:
+            if not exc.where:
+                exc.where = f"{comp.name}/{step.name}"
+            raise
+        except Exception as exc:  # a pass bug or a library failure on valid input
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise PassError(
+                f"{type(exc).__name__}: {first[:300]}", where=f"{comp.name}/{step.name}"
+            ) from exc
+        if not isinstance(result, StepResult):
+            raise InternalError(f"pass '{step.name}' returned {type(result).__name__}")
+        metrics = result.metrics
+        out_model = result.model
+        out_digest = artifact_sha256(out_model) if out_model else None
+        stored = cache.put(
+            key, out, {"metrics": metrics, "output_sha256": out_digest, "pass": step.name}
+        )
+        if stored is not None and out_model is not None:
+            out_model = stored.model
+        shutil.rmtree(work / "scratch", ignore_errors=True)
+    record |= {
+        "status": status,
+        "wall_seconds": round(time.perf_counter() - started, 4),
+        "input_sha256": state.digest if state.model is not None else None,
+        "output_sha256": out_digest,
+        "metrics": metrics,
+    }
+    if out_model is not None:
+        state.model, state.digest = out_model, out_digest
+        if impl.produces_reference:
+            state.reference, state.reference_digest = out_model, out_digest
+    return record
+
+
+def _contract_key(comp: ComponentPlan) -> Any:
+    c = comp.contract
+    return {
+        "inputs": [vars(s) for s in c.inputs],
+        "outputs": [vars(s) for s in c.outputs],
+        "dims": dict(sorted(c.dims.items())),
+    }
+
+
+def _copy_model(src: Path, dst: Path) -> None:
+    from winml_recipes.onnx.io import sidecar_paths
+
+    shutil.copy2(src, dst)
+    for side in sidecar_paths(src):
+        target = dst.parent / f"{dst.name}_data"
+        if side.name != target.name:
+            raise InternalError(f"unexpected sidecar name {side.name} for {src}")
+        shutil.copy2(side, target)
+
+
+def _write_graph_digest(model_path: Path, out: Path) -> dict[str, Any]:
+    from winml_recipes.onnx.digest import graph_digest
+    from winml_recipes.onnx.io import load_model
+
+    digest = graph_digest(load_model(model_path))
+    out.write_text(yaml.safe_dump(digest, sort_keys=False))
+    return digest
+
+
+def _manifest(plan: Plan, components: dict[str, Any], wall: float) -> dict[str, Any]:
+    r = plan.recipe
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "winml-recipes", "version": winml_recipes.__version__},
+        "versions": library_versions(),
+        "recipe": {
+            "name": r.name,
+            "path": str(r.path),
+            "sha256": r.sha256,
+            "rendered": r.rendered,
+            "variables": r.variables,
+        },
+        "model": r.model,
+        "target": {"device": plan.target.device, "precision": plan.target.precision},
+        "wall_seconds": round(wall, 3),
+        "components": components,
+    }

@@ -1,0 +1,73 @@
+"""Typed data that flows between the engine and passes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from winml_recipes.presets import Target
+from winml_recipes.specs import IOContract
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a component's model comes from, after classification."""
+
+    kind: str  # "onnx" (local file) | "export" (HF id, HF dir or random config) | "hub_onnx"
+    ref: str  # human-readable reference for messages and the manifest
+    path: Path | None = None  # local .onnx for kind == "onnx"
+    revision: str | None = None
+    export: Mapping[str, Any] | None = None  # ExportRequest fields for kind == "export"
+    digest: str = ""  # content digest: file sha256, or hash of the canonical export spec
+
+    def to_manifest(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "ref": self.ref, "sha256": self.digest}
+        if self.revision:
+            out["revision"] = self.revision
+        return out
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """Facts about a model, computed once before planning and carried along the plan.
+
+    Each pass declares how it changes them (`Pass.facts_after`), so the plan can decide
+    every skip up front without loading a model twice.
+    """
+
+    is_onnx: bool
+    quantized: bool = False
+    quant_summary: str = ""  # e.g. "QOperator: ConvInteger x9"
+    normalized: bool = False
+    opset: int | None = None
+    external_data: bool = False
+    size_bytes: int = 0
+    dynamic_dims: tuple[str, ...] | None = None  # None: unknown until the model exists
+    has_reference: bool = False  # a float reference exists to verify against
+
+    def evolve(self, **changes: Any) -> ModelFacts:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a pass may know about the step it runs in."""
+
+    component: str
+    step_index: int
+    target: Target
+    contract: IOContract
+    source: Source
+    reference: Path | None  # the component's float reference model, when one exists
+    work_dir: Path  # scratch space, removed after the step
+    seed: int = 0
+
+
+@dataclass
+class StepResult:
+    """What a pass returns: a new model (or None when it only measures) and metrics."""
+
+    model: Path | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,51 @@
+"""One error hierarchy. Each error renders as a single line that says where and what to do."""
+
+from __future__ import annotations
+
+
+class WinmlError(Exception):
+    """Base class. `where` is a file:line, a component/step, or empty."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, where: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.where = where
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}" if self.where else self.message
+
+
+class RecipeError(WinmlError):
+    """The recipe (or its rendering, parsing or validation) is wrong."""
+
+
+class CatalogError(WinmlError):
+    """A catalog entry is missing or invalid."""
+
+
+class SourceError(WinmlError):
+    """A model source cannot be found, read or fetched."""
+
+
+class ModelFileError(WinmlError):
+    """A file is not a readable ONNX model."""
+
+
+class PlanError(WinmlError):
+    """The requested steps cannot be planned (unknown pass, unsupported target, ...)."""
+
+
+class PassError(WinmlError):
+    """A pass failed on valid input (e.g. verification below threshold)."""
+
+
+class BuildLockedError(WinmlError):
+    """Another build holds the output directory."""
+
+
+class InternalError(WinmlError):
+    """A bug: exit 1."""
+
+    exit_code = 1

@@ -1,0 +1,324 @@
+"""torch -> ONNX exporters.
+
+One entry point, `export_model(ExportRequest) -> onnx.ModelProto`. Each family lives in its own
+module (`sam3_tracker`, `auto`) and is imported on demand. torch and transformers are imported
+only inside functions, so importing this package stays cheap and works without the `export`
+extra installed.
+
+Every export goes through `torch.onnx.export(dynamo=True)` with batch-2 example inputs (a graph
+traced at batch 1 looks dynamic but can fail at batch 2, see FACTS.md), then the proto is
+normalized: node metadata and doc strings are cleared and weights are inlined, so two exports
+of the same request serialize to identical bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import logging
+import os
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from winml_recipes.errors import InternalError, SourceError
+
+__all__ = ["FAMILIES", "ExportRequest", "export_model"]
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """What to export. Exactly one of `model_id` / `config` is set."""
+
+    family: str  # "sam3_tracker" | "auto"
+    component: str  # sam3_tracker: "vision_encoder" | "prompt_encoder_mask_decoder"; auto: "model"
+    task: str | None = None  # auto only: "feature-extraction" | "image-classification"
+    model_id: str | None = None  # HF model id or local HF directory
+    revision: str | None = None
+    config: Mapping[str, Any] | None = None  # random weights: {"model_type": ..., **fields}
+    seed: int = 0
+    opset: int | None = None  # None = exporter default
+
+
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "sam3_tracker": ("vision_encoder", "prompt_encoder_mask_decoder"),
+    "auto": ("model",),
+}
+
+# family -> module (relative to this package) that defines `export(req) -> ModelProto`.
+_FAMILY_MODULES = {"sam3_tracker": ".sam3_tracker", "auto": ".auto"}
+
+
+def export_model(req: ExportRequest) -> onnx.ModelProto:
+    """Export one component of one model to an in-memory ONNX model (weights inline)."""
+    where = f"{req.family}/{req.component}"
+    if req.family not in FAMILIES:
+        raise SourceError(
+            f"unknown exporter family '{req.family}'; use one of {', '.join(sorted(FAMILIES))}",
+            where=where,
+        )
+    if req.component not in FAMILIES[req.family]:
+        raise SourceError(
+            f"unknown component '{req.component}' for family '{req.family}'; "
+            f"use one of {', '.join(FAMILIES[req.family])}",
+            where=where,
+        )
+    if (req.model_id is None) == (req.config is None):
+        raise SourceError(
+            "set exactly one of model_id (pretrained weights) or config (random weights)",
+            where=where,
+        )
+    module = importlib.import_module(_FAMILY_MODULES[req.family], __name__)
+    return module.export(req)
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    text = text or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _looks_like_path(model_id: str) -> bool:
+    """A Hub id is `name` or `org/name`; anything else that names a directory is a path."""
+    if model_id.startswith(("/", "./", "../", "~", ".\\", "..\\")) or "\\" in model_id:
+        return True
+    if len(model_id) > 1 and model_id[1] == ":":  # Windows drive
+        return True
+    return model_id.count("/") > 1
+
+
+def load_pretrained(
+    loader: Callable[..., Any], model_id: str, revision: str | None, where: str
+) -> Any:
+    """`loader.from_pretrained(model_id, revision=...)` with failures as `SourceError`."""
+    local = os.path.isdir(os.path.expanduser(model_id))
+    if not local and _looks_like_path(model_id):
+        raise SourceError(
+            f"local model directory '{model_id}' does not exist; check the path "
+            "(or use a Hugging Face model id)",
+            where=where,
+        )
+    source = os.path.expanduser(model_id) if local else model_id
+    kwargs: dict[str, Any] = {}
+    if revision is not None and not local:
+        kwargs["revision"] = revision
+    try:
+        with quiet_stdout():
+            model = loader.from_pretrained(source, **kwargs)
+    except Exception as exc:
+        rev = f" at revision '{revision}'" if revision else ""
+        hint = (
+            "check that the directory holds a transformers checkpoint (config.json + weights)"
+            if local
+            else "check the model id and revision, or download it into the Hugging Face cache "
+            "first (no network at build time)"
+        )
+        raise SourceError(
+            f"cannot load '{model_id}'{rev}: {_one_line(exc)}; {hint}", where=where
+        ) from exc
+    return model.float().eval()
+
+
+def build_config(config: Mapping[str, Any], default_model_type: str | None, where: str) -> Any:
+    """A transformers config from `{"model_type": ..., **fields}`."""
+    from transformers import AutoConfig
+
+    fields = dict(config)
+    model_type = fields.pop("model_type", default_model_type)
+    if not model_type:
+        raise SourceError("config needs a 'model_type' (e.g. 'bert')", where=where)
+    try:
+        return AutoConfig.for_model(str(model_type), **fields)
+    except ValueError as exc:
+        if "Unrecognized model identifier" in str(exc) or str(model_type) in str(exc):
+            raise SourceError(
+                f"unknown model_type '{model_type}'; use a model_type that transformers "
+                "knows (e.g. 'bert', 'convnext', 'sam3_tracker')",
+                where=where,
+            ) from exc
+        raise SourceError(
+            f"invalid config for model_type '{model_type}': {_one_line(exc)}; "
+            "fix the config fields",
+            where=where,
+        ) from exc
+    except Exception as exc:
+        raise SourceError(
+            f"invalid config for model_type '{model_type}': {_one_line(exc)}; "
+            "fix the config fields",
+            where=where,
+        ) from exc
+
+
+def build_random(factory: Callable[[], Any], seed: int) -> Any:
+    """Build a random-weight model under `torch.manual_seed(seed)`; global RNG is restored."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = factory()
+    return model.float().eval()
+
+
+@contextlib.contextmanager
+def quiet_stdout() -> Iterator[None]:
+    """Swallow progress chatter on stdout; replay it on stderr if the block fails."""
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            yield
+    except BaseException:
+        if buf.getvalue():
+            sys.stderr.write(buf.getvalue())
+        raise
+
+
+# Known-harmless messages the dynamo exporter emits on every run.
+_NOISY_WARNINGS = (
+    r"Exporting a model while it is in training mode",
+    r"# The axis name: .* will not be used",
+    r".*isinstance\(treespec, LeafSpec\)",
+)
+_NOISY_LOGGERS = ("torch.onnx._internal.exporter._registration",)
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    saved = {}
+    for name in _NOISY_LOGGERS:
+        logger = logging.getLogger(name)
+        saved[name] = logger.level
+        logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), quiet_stdout():
+            for pattern in _NOISY_WARNINGS:
+                warnings.filterwarnings("ignore", message=pattern)
+            yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def torch_export(
+    module: Any,
+    args: Sequence[Any],
+    *,
+    input_names: Sequence[str],
+    output_names: Sequence[str],
+    dynamic_shapes: Mapping[str, Mapping[int, str]] | Sequence[Any],
+    opset: int | None,
+    kwargs: Mapping[str, Any] | None = None,
+) -> onnx.ModelProto:
+    """`torch.onnx.export(dynamo=True)` into a temp dir, then load and normalize the proto.
+
+    `dynamic_shapes` uses dim *names* (strings): the exporter turns them into
+    `Dim.DYNAMIC` and writes the names as `dim_param` in the graph.
+    """
+    import torch
+
+    module = module.eval()
+    extra: dict[str, Any] = {}
+    if opset is not None:
+        extra["opset_version"] = int(opset)
+    with tempfile.TemporaryDirectory(prefix="winml-export-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        with _quiet_exporter(), torch.no_grad():
+            torch.onnx.export(
+                module,
+                tuple(args),
+                str(path),
+                kwargs=dict(kwargs) if kwargs else None,
+                dynamo=True,
+                verbose=False,
+                external_data=True,
+                input_names=list(input_names),
+                output_names=list(output_names),
+                dynamic_shapes=dynamic_shapes,
+                **extra,
+            )
+        proto = onnx.load(str(path), load_external_data=True)
+    _check_names(proto, input_names, output_names)
+    return normalize(proto)
+
+
+def _check_names(proto: onnx.ModelProto, inputs: Sequence[str], outputs: Sequence[str]) -> None:
+    got_in = [i.name for i in proto.graph.input]
+    got_out = [o.name for o in proto.graph.output]
+    if got_in != list(inputs) or got_out != list(outputs):
+        raise InternalError(
+            f"exported graph has inputs {got_in} / outputs {got_out}, expected "
+            f"{list(inputs)} / {list(outputs)}; report this as an exporter bug"
+        )
+
+
+def normalize(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Drop doc strings, metadata and external-data references, in place; returns `proto`.
+
+    Dynamo graphs carry megabytes of per-node metadata (stack traces, source paths); none of
+    it is needed to run the model and all of it would make the bytes run-dependent.
+    """
+    proto.doc_string = ""
+    del proto.metadata_props[:]
+    _normalize_graph(proto.graph)
+    for fn in proto.functions:
+        fn.doc_string = ""
+        del fn.metadata_props[:]
+        for node in fn.node:
+            _normalize_node(node)
+        for vi in fn.value_info:
+            _normalize_value(vi)
+    return proto
+
+
+def _normalize_graph(graph: onnx.GraphProto) -> None:
+    graph.doc_string = ""
+    del graph.metadata_props[:]
+    for vi in (*graph.input, *graph.output, *graph.value_info):
+        _normalize_value(vi)
+    for tensor in graph.initializer:
+        _normalize_tensor(tensor)
+    for sparse in graph.sparse_initializer:
+        _normalize_tensor(sparse.values)
+        _normalize_tensor(sparse.indices)
+    for node in graph.node:
+        _normalize_node(node)
+
+
+def _normalize_node(node: onnx.NodeProto) -> None:
+    node.doc_string = ""
+    del node.metadata_props[:]
+    for attr in node.attribute:
+        attr.doc_string = ""
+        if attr.type == onnx.AttributeProto.TENSOR:
+            _normalize_tensor(attr.t)
+        elif attr.type == onnx.AttributeProto.TENSORS:
+            for t in attr.tensors:
+                _normalize_tensor(t)
+        elif attr.type == onnx.AttributeProto.GRAPH:
+            _normalize_graph(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            for g in attr.graphs:
+                _normalize_graph(g)
+
+
+def _normalize_value(vi: onnx.ValueInfoProto) -> None:
+    vi.doc_string = ""
+    del vi.metadata_props[:]
+
+
+def _normalize_tensor(tensor: onnx.TensorProto) -> None:
+    tensor.doc_string = ""
+    del tensor.metadata_props[:]
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        # onnx.load(load_external_data=True) inlines data; a leftover reference is a bug.
+        raise InternalError(f"tensor '{tensor.name}' still references external data")
+    del tensor.external_data[:]

@@ -1,0 +1,1 @@
+"""Shared ONNX helpers: safe load/save, digests, synthetic inputs, quantization facts."""

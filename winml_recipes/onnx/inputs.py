@@ -1,0 +1,74 @@
+"""Deterministic synthetic inputs from tensor specs, and specs derived from a graph."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from winml_recipes.onnx.digest import dtype_name, graph_inputs
+from winml_recipes.specs import TensorSpec, resolve_shape
+
+DEFAULT_FLOAT_RANGE = (-1.0, 1.0)
+DEFAULT_INT_RANGE = (0, 10)  # low inclusive, high exclusive
+DEFAULT_DIM = 1
+_ALIASES = {"float": "float32", "double": "float64", "half": "float16"}
+
+
+def make_inputs(
+    specs: Sequence[TensorSpec], dims: Mapping[str, int], seed: int, count: int = 1
+) -> list[dict[str, np.ndarray]]:
+    """`count` feeds, the same for the same seed (feed i does not depend on `count`).
+
+    Floats are uniform in spec.range (default [-1, 1)); integers uniform in
+    [low, high) of spec.range (default [0, 10)); bools uniform; `values` picks among them.
+    """
+    rng = np.random.default_rng(seed)
+    return [{s.name: _draw(s, resolve_shape(s, dims), rng) for s in specs} for _ in range(count)]
+
+
+def _draw(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    dtype = np.dtype(_ALIASES.get(spec.dtype, spec.dtype))
+    if spec.values:
+        return rng.choice(np.asarray(spec.values), size=shape).astype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if np.issubdtype(dtype, np.integer):
+        low, high = spec.range or DEFAULT_INT_RANGE
+        low, high = int(low), int(high)
+        if high <= low:
+            raise ValueError(f"input '{spec.name}': empty integer range [{low}, {high})")
+        return rng.integers(low, high, size=shape, dtype=dtype)
+    if np.issubdtype(dtype, np.floating):
+        low, high = spec.range or DEFAULT_FLOAT_RANGE
+        return rng.uniform(float(low), float(high), size=shape).astype(dtype)
+    raise ValueError(f"input '{spec.name}': cannot generate data of dtype {spec.dtype}")
+
+
+def specs_from_model(model: onnx.ModelProto) -> tuple[list[TensorSpec], dict[str, int]]:
+    """Input specs read from the graph, for models without an I/O contract.
+
+    Named dims (and unknown dims, named `<input>_dim<i>`) default to 1.
+    """
+    specs: list[TensorSpec] = []
+    dims: dict[str, int] = {}
+    for vi in graph_inputs(model.graph):
+        tt = vi.type.tensor_type
+        shape: list[int | str] = []
+        for i, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value"):
+                shape.append(int(d.dim_value))
+            else:
+                name = d.dim_param or f"{vi.name}_dim{i}"
+                dims.setdefault(name, DEFAULT_DIM)
+                shape.append(name)
+        dtype = dtype_name(tt.elem_type)
+        np_dtype = np.dtype(dtype) if dtype not in ("string", "undefined") else None
+        value_range: tuple[float, float] | None = None
+        if np_dtype is not None and np.issubdtype(np_dtype, np.floating):
+            value_range = DEFAULT_FLOAT_RANGE
+        elif np_dtype is not None and np.issubdtype(np_dtype, np.integer):
+            value_range = DEFAULT_INT_RANGE
+        specs.append(TensorSpec(vi.name, dtype, tuple(shape), value_range))
+    return specs, dims

@@ -1,0 +1,64 @@
+"""export: HF model id, local HF directory or seeded random config -> ONNX (torch dynamo)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from winml_recipes.engine.registry import Pass, model_file, register
+from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
+from winml_recipes.errors import PassError
+from winml_recipes.presets import Target
+
+
+@register
+class ExportPass(Pass):
+    name = "export"
+    version = 1
+    summary = "Export a Hugging Face model (id, local dir or random-weight config) to ONNX."
+    produces_reference = True
+    options_schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "opset": {
+                "type": "integer",
+                "minimum": 17,
+                "maximum": 23,
+                "description": "ONNX opset (default: the exporter's).",
+            },
+        },
+    }
+
+    def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
+        return "source is already ONNX" if facts.is_onnx else None
+
+    def facts_after(self, facts: ModelFacts, options: dict[str, Any]) -> ModelFacts:
+        # The exporter's output is a clean float graph: it counts as normalized.
+        return ModelFacts(is_onnx=True, normalized=True, has_reference=True)
+
+    def run(
+        self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
+    ) -> StepResult:
+        from winml_recipes.exporters import ExportRequest, export_model
+        from winml_recipes.onnx.io import save_model
+        from winml_recipes.onnx.stamp import write_stamp
+
+        spec = ctx.source.export
+        if spec is None:
+            raise PassError("nothing to export: the source is not a model to export")
+        request = ExportRequest(**spec, opset=options.get("opset"))
+        started = time.perf_counter()
+        model = export_model(request)
+        export_seconds = time.perf_counter() - started
+        write_stamp(model, tool="winml-recipes export")
+        out = save_model(model, model_file(out_dir))
+        return StepResult(
+            out,
+            {
+                "export_seconds": round(export_seconds, 3),
+                "opset": next(o.version for o in model.opset_import if o.domain == ""),
+                "nodes": len(model.graph.node),
+            },
+        )

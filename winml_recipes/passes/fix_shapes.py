@@ -1,0 +1,74 @@
+"""fix_shapes: make named (dynamic) dims static from the catalog's shape hints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from winml_recipes.engine.registry import Pass, model_file, register
+from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
+from winml_recipes.errors import PassError
+from winml_recipes.presets import Target
+
+
+@register
+class FixShapesPass(Pass):
+    name = "fix_shapes"
+    version = 1
+    summary = "Make dynamic dims static (values from the catalog dims, overridable here)."
+    uses_contract = True
+    options_schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "dims": {
+                "type": "object",
+                "description": "Dim values overriding the catalog's (e.g. batch: 1).",
+                "additionalProperties": {"type": "integer", "minimum": 1},
+            },
+        },
+    }
+
+    def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
+        if facts.dynamic_dims == ():
+            return "all input dims are already static"
+        return None
+
+    def facts_after(self, facts: ModelFacts, options: dict[str, Any]) -> ModelFacts:
+        return facts.evolve(dynamic_dims=())
+
+    def run(
+        self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
+    ) -> StepResult:
+        import onnx
+        from onnxruntime.tools.onnx_model_utils import make_dim_param_fixed
+
+        from winml_recipes.onnx.io import load_model, save_model
+
+        assert src is not None
+        model = load_model(src)
+        values = {**ctx.contract.dims, **options.get("dims", {})}
+        params = sorted(
+            {
+                d.dim_param
+                for vi in model.graph.input
+                for d in vi.type.tensor_type.shape.dim
+                if d.dim_param
+            }
+        )
+        missing = [p for p in params if p not in values]
+        if missing:
+            raise PassError(
+                f"no value for dynamic dim(s) {', '.join(missing)}; add them to the catalog "
+                "component's dims or to fix_shapes.dims"
+            )
+        for p in params:
+            make_dim_param_fixed(model.graph, p, int(values[p]))
+        model.graph.ClearField("value_info")
+        # Outputs are re-derived from the now static inputs.
+        for out in model.graph.output:
+            out.type.tensor_type.ClearField("shape")
+        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        model.graph.ClearField("value_info")
+        out = save_model(model, model_file(out_dir))
+        return StepResult(out, {"fixed": {p: int(values[p]) for p in params}})

@@ -1,0 +1,102 @@
+"""normalize: basic offline optimization that keeps standard ops, stamped so it runs once.
+
+The stamp (metadata_props) records the tool and the graph fingerprint after normalizing.
+A model whose stamp matches its current fingerprint is skipped; a model edited after
+normalization no longer matches and is normalized again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from winml_recipes.engine.registry import Pass, model_file, register
+from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
+from winml_recipes.presets import Target
+
+
+@register
+class NormalizePass(Pass):
+    name = "normalize"
+    version = 1
+    summary = "Constant folding and cleanup that keeps standard ONNX ops (runs once per model)."
+    options_schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "backend": {
+                "enum": ["ort", "onnxscript"],
+                "default": "ort",
+                "description": "ort: onnxruntime BASIC offline optimization; onnxscript: "
+                "onnxscript.optimizer (constant folding, dead code removal).",
+            },
+            "force": {
+                "type": "boolean",
+                "default": False,
+                "description": "Normalize even when the model's stamp says it already is.",
+            },
+        },
+    }
+
+    def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
+        if facts.quantized:
+            return f"source already quantized ({facts.quant_summary})"
+        if facts.normalized and not options.get("force"):
+            return "already normalized (stamp matches the graph fingerprint)"
+        return None
+
+    def facts_after(self, facts: ModelFacts, options: dict[str, Any]) -> ModelFacts:
+        return facts.evolve(normalized=True)
+
+    def run(
+        self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
+    ) -> StepResult:
+        from winml_recipes.onnx.digest import graph_digest
+        from winml_recipes.onnx.io import load_model, save_model
+        from winml_recipes.onnx.stamp import write_stamp
+
+        assert src is not None
+        before = len(load_model(src, load_external_data=False).graph.node)
+        model = _ort_basic(src, ctx.work_dir) if options["backend"] == "ort" else _onnxscript(src)
+        model.graph.ClearField("value_info")
+        write_stamp(model, tool=f"winml-recipes normalize/{options['backend']}")
+        out = save_model(model, model_file(out_dir))
+        after = graph_digest(model)["node_count"]
+        return StepResult(out, {"nodes_before": before, "nodes_after": after})
+
+
+def _ort_basic(src: Path, scratch: Path):
+    """onnxruntime BASIC level: constant folding and redundant-node removal, standard ops only.
+
+    ORT writes the optimized graph for us (no rewrite of its optimizer here); external data
+    is written to a fresh sidecar in scratch so the original sidecar is never referenced.
+    """
+    import onnxruntime as ort
+
+    from winml_recipes.onnx.io import load_model
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    opts.optimized_model_filepath = str(scratch / "optimized.onnx")
+    opts.add_session_config_entry(
+        "session.optimized_model_external_initializers_file_name", "optimized.onnx.data"
+    )
+    opts.add_session_config_entry(
+        "session.optimized_model_external_initializers_min_size_in_bytes", str(1 << 30)
+    )
+    opts.log_severity_level = 3
+    ort.InferenceSession(str(src), opts, providers=["CPUExecutionProvider"])
+    model = load_model(scratch / "optimized.onnx")
+    # ORT records its own producer; keep the source's metadata minus our stale stamp.
+    return model
+
+
+def _onnxscript(src: Path):
+    import onnx_ir as ir
+    import onnxscript.optimizer
+
+    from winml_recipes.onnx.io import load_model
+
+    model = ir.from_proto(load_model(src))
+    onnxscript.optimizer.optimize(model)
+    return ir.to_proto(model)

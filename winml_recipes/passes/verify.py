@@ -1,0 +1,105 @@
+"""verify: run reference and candidate on the same seeded inputs; fail below thresholds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from winml_recipes.engine.registry import Pass, register
+from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
+from winml_recipes.errors import PassError
+from winml_recipes.presets import Target
+
+_THRESHOLDS = {
+    "min_sqnr_db": {"type": "number", "description": "Minimum SQNR in dB."},
+    "min_cosine": {"type": "number", "minimum": -1, "maximum": 1},
+    "max_abs": {"type": "number", "minimum": 0, "description": "Maximum absolute error."},
+}
+
+
+@register
+class VerifyPass(Pass):
+    name = "verify"
+    version = 1
+    summary = "Compare the candidate with the float reference (SQNR, cosine, max abs)."
+    uses_reference = True
+    uses_contract = True
+    options_schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "min_sqnr_db": {**_THRESHOLDS["min_sqnr_db"], "default": 30.0},
+            "min_cosine": {**_THRESHOLDS["min_cosine"], "default": 0.99},
+            "max_abs": _THRESHOLDS["max_abs"],
+            "samples": {"type": "integer", "minimum": 1, "maximum": 64, "default": 2},
+            "seed": {"type": "integer", "minimum": 0, "default": 0},
+            "outputs": {
+                "type": "object",
+                "description": "Per-output thresholds overriding the ones above.",
+                "additionalProperties": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": _THRESHOLDS,
+                },
+            },
+        },
+    }
+
+    def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
+        if not facts.has_reference:
+            return "no float reference to compare with (the source is quantized: add dequantize)"
+        return None
+
+    def run(
+        self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
+    ) -> StepResult:
+        from winml_recipes.onnx.inputs import make_inputs
+        from winml_recipes.onnx.metrics import compare_runs
+        from winml_recipes.onnx.runtime import run_model
+
+        assert src is not None
+        if ctx.reference is None:
+            raise PassError("no float reference to compare with")
+        contract = ctx.contract
+        feeds = make_inputs(
+            list(contract.inputs), contract.dims, seed=options["seed"], count=options["samples"]
+        )
+        reference = run_model(ctx.reference, feeds)
+        candidate = run_model(src, feeds)
+        _check_output_shapes(candidate[0], ctx)
+        metrics = compare_runs(reference, candidate)
+        failures = _failures(metrics, options)
+        if failures:
+            raise PassError("verification failed: " + "; ".join(failures))
+        return StepResult(None, {"samples": options["samples"], "outputs": metrics})
+
+
+def _check_output_shapes(outputs: dict[str, Any], ctx: StepContext) -> None:
+    contract = ctx.contract
+    for spec in contract.outputs:
+        if spec.name not in outputs:
+            raise PassError(
+                f"output '{spec.name}' of the catalog contract is missing from the model "
+                f"(it has: {', '.join(outputs)})"
+            )
+        got = tuple(outputs[spec.name].shape)
+        known = dict(contract.dims)
+        want = tuple(d if isinstance(d, int) else known.get(d) for d in spec.shape)
+        mismatch = any(w is not None and w != g for w, g in zip(want, got, strict=False))
+        if len(got) != len(want) or mismatch:
+            shown = [d if isinstance(d, int) else known.get(d, d) for d in spec.shape]
+            raise PassError(f"output '{spec.name}' has shape {list(got)}, the catalog says {shown}")
+
+
+def _failures(metrics: dict[str, dict[str, float]], options: dict[str, Any]) -> list[str]:
+    out = []
+    per_output = options.get("outputs", {})
+    for name, m in metrics.items():
+        limits = {k: options.get(k) for k in _THRESHOLDS} | per_output.get(name, {})
+        if limits.get("min_sqnr_db") is not None and m["sqnr_db"] < limits["min_sqnr_db"]:
+            out.append(f"{name}: SQNR {m['sqnr_db']:.2f} dB < {limits['min_sqnr_db']} dB")
+        if limits.get("min_cosine") is not None and m["cosine"] < limits["min_cosine"]:
+            out.append(f"{name}: cosine {m['cosine']:.5f} < {limits['min_cosine']}")
+        if limits.get("max_abs") is not None and m["max_abs"] > limits["max_abs"]:
+            out.append(f"{name}: max_abs {m['max_abs']:.3g} > {limits['max_abs']}")
+    return out

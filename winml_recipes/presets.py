@@ -1,0 +1,68 @@
+"""Device x precision policy, loaded from presets.yaml (data, not code)."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from winml_recipes.errors import PlanError
+
+
+@dataclass(frozen=True, order=True)
+class Target:
+    device: str
+    precision: str
+
+    def __str__(self) -> str:
+        return f"{self.device}-{self.precision}"
+
+
+@cache
+def presets() -> dict[str, Any]:
+    text = resources.files("winml_recipes").joinpath("presets.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def devices() -> list[str]:
+    return list(presets()["devices"])
+
+
+def precisions() -> list[str]:
+    return list(presets()["precisions"])
+
+
+def _check(value: str, known: list[str], what: str) -> None:
+    if value not in known:
+        close = difflib.get_close_matches(value, known, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise PlanError(f"unknown {what} '{value}'{hint}; known: {', '.join(known)}")
+
+
+def resolve_target(device: str, precision: str) -> Target:
+    """Validate a device/precision pair against the presets; never a silent default."""
+    _check(device, devices(), "device")
+    _check(precision, precisions(), "precision")
+    return Target(device, precision)
+
+
+def precision_settings(precision: str) -> dict[str, Any]:
+    _check(precision, precisions(), "precision")
+    return dict(presets()["precisions"][precision])
+
+
+def default_steps(target: Target) -> list[Any]:
+    """The preset step list for a target, or a PlanError saying which targets have one."""
+    table = presets()["defaults"]
+    steps = table.get(target.device, {}).get(target.precision)
+    if steps is None:
+        have = [f"{d}/{p}" for d, row in table.items() for p in row]
+        raise PlanError(
+            f"no default steps for {target.device}/{target.precision}; list 'steps' in the "
+            f"recipe or use one of: {', '.join(have)}"
+        )
+    return list(steps)

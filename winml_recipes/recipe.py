@@ -1,0 +1,242 @@
+"""Recipes: render (sandboxed Jinja) -> parse (safe YAML with lines) -> validate -> Recipe."""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+from jinja2.sandbox import SandboxedEnvironment
+
+from winml_recipes.catalog import CatalogEntry, default_catalog_dir, load_entry
+from winml_recipes.errors import RecipeError, WinmlError
+from winml_recipes.presets import Target, default_steps, resolve_target
+from winml_recipes.schemas import recipe_schema
+from winml_recipes.yamlfile import LoadedYaml, load_yaml, validate
+
+PARTIALS_DIR = "_partials"
+_MODEL_LINE = re.compile(r"^model:\s*['\"]?([A-Za-z0-9][A-Za-z0-9._-]*)['\"]?\s*(#.*)?$", re.M)
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    options: dict[str, Any]
+    line: int
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    path: Path
+    model: str
+    targets: tuple[Target, ...]
+    target: Target
+    catalog: CatalogEntry
+    components: dict[str, tuple[Step, ...]]  # in catalog order, steps resolved
+    dims: dict[str, dict[str, int]]  # per-component dim overrides
+    seed: int
+    rendered: str
+    variables: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.rendered.encode()).hexdigest()
+
+
+def parse_defines(defines: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """`-D key=value` pairs; values are read as YAML scalars (1 -> int, true -> bool)."""
+    out: dict[str, Any] = {}
+    for item in defines:
+        key, sep, value = item.partition("=")
+        if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            raise RecipeError(f"-D '{item}': expected key=value with an identifier key")
+        try:
+            out[key] = yaml.safe_load(value) if value else ""
+        except yaml.YAMLError:
+            out[key] = value
+    return out
+
+
+def _template_line(exc: BaseException, filename: str) -> int | None:
+    line = getattr(exc, "lineno", None)
+    if line:
+        return line
+    tb = exc.__traceback__
+    found = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename in (filename, "<template>"):
+            found = tb.tb_lineno
+        tb = tb.tb_next
+    return found
+
+
+def render(path: Path, variables: dict[str, Any]) -> str:
+    """Render a recipe template in a sandbox; undefined names are errors."""
+    env = SandboxedEnvironment(
+        loader=jinja2.FileSystemLoader(str(path.parent / PARTIALS_DIR)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    source = path.read_text()
+    try:
+        template = env.from_string(source)
+        template.filename = str(path)
+        return template.render(**variables)
+    except jinja2.TemplateSyntaxError as exc:
+        where = f"{exc.filename or path}:{exc.lineno}"
+        raise RecipeError(f"template syntax error: {exc.message}", where=where) from None
+    except jinja2.TemplateNotFound as exc:
+        line = _template_line(exc, str(path)) or 1
+        raise RecipeError(
+            f"include '{exc.name}' not found in {path.parent / PARTIALS_DIR}",
+            where=f"{path}:{line}",
+        ) from None
+    except jinja2.exceptions.SecurityError as exc:
+        line = _template_line(exc, str(path)) or 1
+        raise RecipeError(f"not allowed in a recipe: {exc}", where=f"{path}:{line}") from None
+    except jinja2.UndefinedError as exc:
+        line = _template_line(exc, str(path)) or 1
+        msg = str(exc)
+        if "unsafe" in msg:
+            raise RecipeError(f"not allowed in a recipe: {msg}", where=f"{path}:{line}") from None
+        known = ", ".join(sorted(variables))
+        raise RecipeError(
+            f"undefined variable: {msg}; known: {known} (add more with -D key=value)",
+            where=f"{path}:{line}",
+        ) from None
+    except jinja2.TemplateError as exc:
+        line = _template_line(exc, str(path)) or 1
+        raise RecipeError(f"template error: {exc}", where=f"{path}:{line}") from None
+
+
+def _peek_model(source: str) -> str | None:
+    match = _MODEL_LINE.search(source)
+    return match.group(1) if match else None
+
+
+def load_recipe(
+    path: Path | str,
+    *,
+    device: str | None = None,
+    precision: str | None = None,
+    defines: dict[str, Any] | None = None,
+    catalog_dir: Path | None = None,
+) -> Recipe:
+    """Load a recipe for one target; unspecified parts come from its first matching target."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError("recipe file not found", where=str(path))
+    catalog_dir = catalog_dir or default_catalog_dir(path)
+    model_name = _peek_model(path.read_text())
+    catalog = load_entry(model_name, catalog_dir) if model_name else None
+    # First pass: learn the declared targets (rendered with the requested or placeholder values).
+    probe = _render_and_validate(path, device or "cpu", precision or "fp32", defines, catalog)
+    targets = tuple(resolve_target(t["device"], t["precision"]) for t in probe.data["targets"])
+    chosen = _choose_target(targets, device, precision, probe, path)
+    loaded = probe
+    if (chosen.device, chosen.precision) != (device or "cpu", precision or "fp32"):
+        loaded = _render_and_validate(path, chosen.device, chosen.precision, defines, catalog)
+    data = loaded.data
+    if catalog is None or catalog.name != data["model"]:
+        catalog = load_entry(data["model"], catalog_dir)
+    components, dims = _components(loaded, catalog, chosen, str(path))
+    return Recipe(
+        name=data["name"],
+        path=path,
+        model=data["model"],
+        targets=targets,
+        target=chosen,
+        catalog=catalog,
+        components=components,
+        dims=dims,
+        seed=int(data.get("seed", 0)),
+        rendered=loaded.text,
+        variables={**(defines or {}), "device": chosen.device, "precision": chosen.precision},
+    )
+
+
+def _render_and_validate(
+    path: Path,
+    device: str,
+    precision: str,
+    defines: dict[str, Any] | None,
+    catalog: CatalogEntry | None,
+) -> LoadedYaml:
+    variables: dict[str, Any] = {**(defines or {}), "device": device, "precision": precision}
+    if catalog is not None:
+        variables["catalog"] = catalog.data
+    rendered = render(path, variables)
+    loaded = load_yaml(rendered, str(path), RecipeError)
+    if not isinstance(loaded.data, dict):
+        raise RecipeError("a recipe must be a YAML mapping", where=f"{path}:1")
+    validate(loaded, recipe_schema(), str(path), RecipeError)
+    return loaded
+
+
+def _choose_target(
+    targets: tuple[Target, ...],
+    device: str | None,
+    precision: str | None,
+    loaded: LoadedYaml,
+    path: Path,
+) -> Target:
+    if device is not None:
+        resolve_target(device, precision or targets[0].precision)
+    if precision is not None:
+        resolve_target(device or targets[0].device, precision)
+    for t in targets:
+        if device in (None, t.device) and precision in (None, t.precision):
+            return t
+    declared = ", ".join(f"{t.device}/{t.precision}" for t in targets)
+    asked = f"{device or '*'}/{precision or '*'}"
+    raise RecipeError(
+        f"$.targets: {asked} is not a target of this recipe (declared: {declared}); "
+        "add it to targets",
+        where=f"{path}:{loaded.lines.get(('targets',), 1)}",
+    )
+
+
+def _components(
+    loaded: LoadedYaml, catalog: CatalogEntry, target: Target, filename: str
+) -> tuple[dict[str, tuple[Step, ...]], dict[str, dict[str, int]]]:
+    data = loaded.data
+    declared = data.get("components", {}) or {}
+    for cname in declared:
+        if cname not in catalog.components:
+            names = list(catalog.components)
+            close = difflib.get_close_matches(cname, names, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            line = loaded.key_lines.get(("components", cname), 1)
+            raise RecipeError(
+                f"$.components: unknown component '{cname}'{hint}; "
+                f"catalog '{catalog.name}' has: {', '.join(names)}",
+                where=f"{filename}:{line}",
+            )
+    components: dict[str, tuple[Step, ...]] = {}
+    dims: dict[str, dict[str, int]] = {}
+    for cname in catalog.components:
+        own = declared.get(cname) or {}
+        if "steps" in own:
+            raw, base = own["steps"], ("components", cname, "steps")
+        elif "steps" in data:
+            raw, base = data["steps"], ("steps",)
+        else:
+            try:
+                raw, base = default_steps(target), None
+            except WinmlError as exc:
+                raise RecipeError(exc.message, where=f"{filename}:1") from None
+        steps = []
+        for i, item in enumerate(raw):
+            name, options = (item, {}) if isinstance(item, str) else next(iter(item.items()))
+            line = loaded.lines.get((*base, i), 1) if base else 0
+            steps.append(Step(name, dict(options or {}), line))
+        components[cname] = tuple(steps)
+        dims[cname] = {**data.get("dims", {}), **own.get("dims", {})}
+    return components, dims

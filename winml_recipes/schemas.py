@@ -1,0 +1,329 @@
+"""JSON Schemas: the recipe schema (composed from every registered pass), catalog, manifest.
+
+The Python definitions here are the source of truth; `winml-recipes schema --write`
+(`make schema`) writes them to schemas/*.json for editors, and a test fails when the
+committed files are stale.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from winml_recipes.presets import devices, precisions
+
+DRAFT = "https://json-schema.org/draft/2020-12/schema"
+SCHEMA_VERSION = 1
+NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]*$"
+DTYPES = [
+    "float32",
+    "float16",
+    "bfloat16",
+    "float64",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint64",
+    "uint32",
+    "uint16",
+    "uint8",
+    "bool",
+]
+
+
+def _target_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["device", "precision"],
+        "properties": {
+            "device": {"enum": devices()},
+            "precision": {"enum": precisions()},
+        },
+    }
+
+
+def _dims_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": "Values for named dims (e.g. batch: 1).",
+        "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+        "additionalProperties": {"type": "integer", "minimum": 1},
+    }
+
+
+def recipe_schema() -> dict[str, Any]:
+    """The recipe schema with each registered pass's options composed in."""
+    from winml_recipes.engine.registry import all_passes
+
+    passes = all_passes()
+    options_defs: dict[str, Any] = {}
+    for name, cls in passes.items():
+        opts = copy.deepcopy(cls.options_schema)
+        opts["type"] = ["object", "null"]
+        opts.setdefault("additionalProperties", False)
+        opts.setdefault("description", cls.summary)
+        options_defs[f"options.{name}"] = opts
+    step = {
+        "description": "A pass name, or {pass name: options}.",
+        "if": {"type": "string"},
+        "then": {"enum": list(passes)},
+        "else": {
+            "type": "object",
+            "minProperties": 1,
+            "maxProperties": 1,
+            "additionalProperties": False,
+            "properties": {n: {"$ref": f"#/$defs/options.{n}"} for n in passes},
+        },
+    }
+    component = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "steps": {"$ref": "#/$defs/steps"},
+            "dims": _dims_schema(),
+        },
+    }
+    return {
+        "$schema": DRAFT,
+        "$id": "https://winml-recipes.dev/schemas/recipe.schema.json",
+        "title": "winml-recipes recipe",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["schema_version", "name", "model", "targets"],
+        "properties": {
+            "schema_version": {"const": SCHEMA_VERSION},
+            "name": {"type": "string", "pattern": NAME_PATTERN},
+            "description": {"type": "string"},
+            "model": {"type": "string", "description": "Catalog entry name (catalog/NAME.yaml)."},
+            "seed": {"type": "integer", "minimum": 0, "default": 0},
+            "targets": {"type": "array", "minItems": 1, "items": _target_schema()},
+            "steps": {
+                "$ref": "#/$defs/steps",
+                "description": "Steps for every component without its own list.",
+            },
+            "dims": _dims_schema(),
+            "components": {
+                "type": "object",
+                "description": "Per-component steps and dims, by catalog component name.",
+                "additionalProperties": component,
+            },
+        },
+        "$defs": {"steps": {"type": "array", "items": {"$ref": "#/$defs/step"}}, "step": step}
+        | options_defs,
+    }
+
+
+def _tensor_schema(output: bool) -> dict[str, Any]:
+    props: dict[str, Any] = {
+        "dtype": {"enum": DTYPES},
+        "shape": {
+            "type": "array",
+            "items": {
+                "anyOf": [
+                    {"type": "integer", "minimum": 0},
+                    {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+                ]
+            },
+        },
+        "description": {"type": "string"},
+    }
+    if not output:
+        props["range"] = {
+            "type": "array",
+            "items": {"type": "number"},
+            "minItems": 2,
+            "maxItems": 2,
+        }
+        props["values"] = {"type": "array", "items": {"type": "number"}, "minItems": 1}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["shape"] if output else ["dtype", "shape"],
+        "properties": props,
+    }
+
+
+def catalog_schema() -> dict[str, Any]:
+    source = {
+        "type": "object",
+        "description": "A model reference (local .onnx, local HF dir, Hub ONNX file "
+        "org/repo/path.onnx, HF model id) or an HF config with seeded random weights.",
+        "additionalProperties": False,
+        "properties": {
+            "ref": {"type": "string", "minLength": 1},
+            "revision": {"type": "string", "minLength": 1},
+            "config": {"type": "object", "required": ["model_type"]},
+            "seed": {"type": "integer", "minimum": 0},
+        },
+        "oneOf": [{"required": ["ref"]}, {"required": ["config"]}],
+    }
+    component = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["source", "inputs", "outputs"],
+        "properties": {
+            "description": {"type": "string"},
+            "source": source,
+            "task": {"enum": ["feature-extraction", "image-classification"]},
+            "dims": _dims_schema(),
+            "inputs": {
+                "type": "object",
+                "minProperties": 1,
+                "additionalProperties": _tensor_schema(False),
+            },
+            "outputs": {
+                "type": "object",
+                "minProperties": 1,
+                "additionalProperties": _tensor_schema(True),
+            },
+        },
+    }
+    return {
+        "$schema": DRAFT,
+        "$id": "https://winml-recipes.dev/schemas/catalog.schema.json",
+        "title": "winml-recipes catalog entry",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["schema_version", "name", "task", "license", "components"],
+        "properties": {
+            "schema_version": {"const": SCHEMA_VERSION},
+            "name": {"type": "string", "pattern": NAME_PATTERN},
+            "task": {"type": "string"},
+            "license": {"type": "string"},
+            "description": {"type": "string"},
+            "homepage": {"type": "string"},
+            "family": {
+                "enum": ["sam3_tracker", "auto"],
+                "description": "Exporter family for sources that are not ONNX yet.",
+            },
+            "components": {
+                "type": "object",
+                "minProperties": 1,
+                "additionalProperties": component,
+            },
+        },
+    }
+
+
+def manifest_schema() -> dict[str, Any]:
+    sha = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
+    step = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["pass", "status"],
+        "properties": {
+            "pass": {"type": "string"},
+            "implementation": {"type": "string"},
+            "version": {"type": "integer"},
+            "options": {"type": "object"},
+            "status": {"enum": ["ran", "cached", "skipped"]},
+            "reason": {"type": "string"},
+            "wall_seconds": {"type": "number", "minimum": 0},
+            "input_sha256": {"anyOf": [sha, {"type": "null"}]},
+            "output_sha256": {"anyOf": [sha, {"type": "null"}]},
+            "cache_key": {"type": "string"},
+            "metrics": {"type": "object"},
+        },
+    }
+    component = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["source", "steps", "artifact"],
+        "properties": {
+            "source": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["kind", "ref", "sha256"],
+                "properties": {
+                    "kind": {"type": "string"},
+                    "ref": {"type": "string"},
+                    "revision": {"type": "string"},
+                    "sha256": sha,
+                },
+            },
+            "steps": {"type": "array", "items": step},
+            "artifact": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["path", "size_bytes", "sha256", "files"],
+                "properties": {
+                    "path": {"type": "string"},
+                    "size_bytes": {"type": "integer", "minimum": 0},
+                    "sha256": sha,
+                    "files": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "required": ["path", "size_bytes", "sha256"],
+                            "properties": {
+                                "path": {"type": "string"},
+                                "size_bytes": {"type": "integer"},
+                                "sha256": sha,
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    }
+    return {
+        "$schema": DRAFT,
+        "$id": "https://winml-recipes.dev/schemas/manifest.schema.json",
+        "title": "winml-recipes build manifest",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["schema_version", "tool", "versions", "recipe", "target", "components"],
+        "properties": {
+            "schema_version": {"const": SCHEMA_VERSION},
+            "tool": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "version"],
+                "properties": {"name": {"type": "string"}, "version": {"type": "string"}},
+            },
+            "versions": {"type": "object", "additionalProperties": {"type": ["string", "null"]}},
+            "recipe": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "path", "sha256", "rendered"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "path": {"type": "string"},
+                    "sha256": sha,
+                    "rendered": {"type": "string"},
+                    "variables": {"type": "object"},
+                },
+            },
+            "model": {"type": "string"},
+            "target": _target_schema(),
+            "wall_seconds": {"type": "number", "minimum": 0},
+            "components": {"type": "object", "additionalProperties": component},
+        },
+    }
+
+
+SCHEMAS = {
+    "recipe": recipe_schema,
+    "catalog": catalog_schema,
+    "manifest": manifest_schema,
+}
+
+
+def render(name: str) -> str:
+    return json.dumps(SCHEMAS[name](), indent=2) + "\n"
+
+
+def write_all(directory: Path) -> list[Path]:
+    """Write every schema as <name>.schema.json; returns the files written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in SCHEMAS:
+        path = directory / f"{name}.schema.json"
+        path.write_text(render(name))
+        written.append(path)
+    return written

@@ -1,0 +1,120 @@
+"""Safe YAML loading that remembers line numbers, and JSON Schema errors as FILE:LINE lines."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+import yaml
+
+from winml_recipes.errors import WinmlError
+
+JsonPath = tuple[str | int, ...]
+
+
+@dataclass
+class LoadedYaml:
+    data: Any
+    lines: dict[JsonPath, int]  # value path -> 1-based line
+    key_lines: dict[JsonPath, int]  # mapping key path -> line of the key itself
+    text: str = ""
+
+
+def load_yaml(text: str, filename: str, error: type[WinmlError]) -> LoadedYaml:
+    """Parse with the safe loader; a syntax error becomes `FILE:LINE: message`."""
+    try:
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        line = mark.line + 1 if mark else 1
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise error(f"invalid YAML: {problem}", where=f"{filename}:{line}") from None
+    lines: dict[JsonPath, int] = {}
+    key_lines: dict[JsonPath, int] = {}
+    if node is not None:
+        _walk(node, (), lines, key_lines)
+    return LoadedYaml(data, lines, key_lines, text)
+
+
+def _walk(node: yaml.Node, path: JsonPath, lines: dict, key_lines: dict) -> None:
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            child = (*path, key_node.value)
+            key_lines[child] = key_node.start_mark.line + 1
+            _walk(value_node, child, lines, key_lines)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _walk(item, (*path, i), lines, key_lines)
+
+
+def json_path(path: Iterable[str | int]) -> str:
+    out = "$"
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def _line_for(loaded: LoadedYaml, path: JsonPath, prefer_key: bool = False) -> int:
+    if prefer_key and path in loaded.key_lines:
+        return loaded.key_lines[path]
+    while path and path not in loaded.lines:
+        path = path[:-1]
+    return loaded.lines.get(path, 1)
+
+
+def _message(err: jsonschema.ValidationError) -> tuple[str, JsonPath, bool]:
+    """A readable message, the path it belongs to, and whether to point at a key."""
+    path: JsonPath = tuple(err.absolute_path)
+    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+        allowed = list(err.schema.get("properties", {}))
+        extra = [k for k in err.instance if k not in allowed]
+        key = str(extra[0]) if extra else "?"
+        close = difflib.get_close_matches(key, allowed, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        known = f"; allowed: {', '.join(allowed)}" if not close and allowed else ""
+        return f"unknown key '{key}'{hint}{known}", (*path, key), True
+    if err.validator == "enum" and isinstance(err.instance, str):
+        options = [str(v) for v in err.validator_value]
+        close = difflib.get_close_matches(err.instance, options, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        return (
+            f"unknown value '{err.instance}'{hint}; expected one of: {', '.join(options)}",
+            (path),
+            False,
+        )
+    if err.validator == "required":
+        return err.message.replace("is a required property", "is required"), path, False
+    return err.message, path, False
+
+
+def validate(loaded: LoadedYaml, schema: dict, filename: str, error: type[WinmlError]) -> None:
+    """Validate against a JSON Schema; raise the first error as `FILE:LINE: path: message`."""
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(loaded.data), key=_error_order)
+    if not errors:
+        return
+    err = _deepest(errors[0])
+    message, path, prefer_key = _message(err)
+    line = _line_for(loaded, path, prefer_key)
+    shown = path[:-1] if prefer_key else path
+    raise error(f"{json_path(shown)}: {message}", where=f"{filename}:{line}")
+
+
+def _error_order(err: jsonschema.ValidationError) -> tuple:
+    return (tuple(str(p) for p in err.absolute_path), err.validator != "additionalProperties")
+
+
+def _deepest(err: jsonschema.ValidationError) -> jsonschema.ValidationError:
+    """For combinators (anyOf/oneOf), report the most specific sub-error."""
+    if err.context:
+        return _deepest(jsonschema.exceptions.best_match(err.context))
+    return err
