@@ -312,7 +312,7 @@ def inspect(model, as_json) -> None:
     from winml_recipes.onnx.digest import graph_digest
     from winml_recipes.onnx.io import load_model
 
-    digest = graph_digest(load_model(model, load_external_data=False))
+    digest = graph_digest(load_model(model, load_external_data=False), base_dir=model.parent)
     if as_json:
         _echo_json(digest)
         return

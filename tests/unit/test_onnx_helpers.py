@@ -419,6 +419,7 @@ def test_fingerprint_ignores_metadata():
     model.graph.doc_string = "graph doc"
     model.metadata_props.add(key="k", value="v")
     model.graph.node[0].doc_string = "node doc"
+    model.graph.node[0].attribute[0].doc_string = "attribute doc"
     model.graph.node[0].metadata_props.add(key="pkg.torch.stack", value="x" * 100)
     model.graph.input[0].doc_string = "input doc"
     assert graph_fingerprint(model) == base

@@ -31,6 +31,9 @@ class Pass(ABC):
     uses_contract: ClassVar[bool] = False
     # Passes whose output is the float reference later steps are verified against.
     produces_reference: ClassVar[bool] = False
+    # False for passes whose output does not depend on the device/precision: their cache
+    # entries are shared by every target (an export is reused by cpu and npu builds).
+    target_dependent: ClassVar[bool] = True
 
     def supports(self, target: Target) -> bool:
         return (self.devices == ANY or target.device in self.devices) and (

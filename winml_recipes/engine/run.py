@@ -176,7 +176,7 @@ def _run_step(
         pass_name=step.name,
         pass_version=impl.version,
         options=step.options,
-        target=[plan.target.device, plan.target.precision],
+        target=[plan.target.device, plan.target.precision] if impl.target_dependent else None,
         contract=_contract_key(comp) if impl.uses_contract else None,
     )
     record["cache_key"] = key
@@ -226,7 +226,7 @@ def _run_step(
     record |= {
         "status": status,
         "wall_seconds": round(time.perf_counter() - started, 4),
-        "input_sha256": state.digest if state.model is not None else None,
+        "input_sha256": state.digest,
         "output_sha256": out_digest,
         "metrics": metrics,
     }

@@ -113,7 +113,7 @@ def load_pretrained(
     if revision is not None and not local:
         kwargs["revision"] = revision
     try:
-        with quiet_stdout():
+        with quiet_stdout(), _no_progress_bars():
             model = loader.from_pretrained(source, **kwargs)
     except Exception as exc:
         rev = f" at revision '{revision}'" if revision else ""
@@ -180,6 +180,20 @@ def quiet_stdout() -> Iterator[None]:
         if buf.getvalue():
             sys.stderr.write(buf.getvalue())
         raise
+
+
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """Hide transformers' "Loading weights" bars (stderr) for the duration of a load."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 # Known-harmless messages the dynamo exporter emits on every run.

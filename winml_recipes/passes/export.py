@@ -17,6 +17,7 @@ class ExportPass(Pass):
     name = "export"
     version = 1
     summary = "Export a Hugging Face model (id, local dir or random-weight config) to ONNX."
+    target_dependent = False
     produces_reference = True
     options_schema = {
         "type": "object",

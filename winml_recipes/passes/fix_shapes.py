@@ -16,6 +16,7 @@ class FixShapesPass(Pass):
     name = "fix_shapes"
     version = 1
     summary = "Make dynamic dims static (values from the catalog dims, overridable here)."
+    target_dependent = False
     uses_contract = True
     options_schema = {
         "type": "object",

@@ -19,6 +19,7 @@ from winml_recipes.presets import Target
 class NormalizePass(Pass):
     name = "normalize"
     version = 1
+    target_dependent = False
     summary = "Constant folding and cleanup that keeps standard ONNX ops (runs once per model)."
     options_schema = {
         "type": "object",

@@ -22,6 +22,7 @@ class VerifyPass(Pass):
     name = "verify"
     version = 1
     summary = "Compare the candidate with the float reference (SQNR, cosine, max abs)."
+    target_dependent = False
     uses_reference = True
     uses_contract = True
     options_schema = {

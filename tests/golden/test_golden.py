@@ -1,0 +1,47 @@
+"""Golden graph digests: every recipe x target that builds offline, pinned with pytest-regressions.
+
+Regenerate with `make golden` and read the diff: a change here is a behaviour change.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import RECIPES
+
+
+def _offline_targets() -> list[tuple[str, str, str]]:
+    from winml_recipes import api
+
+    cases = []
+    for path in sorted(RECIPES.glob("*.yaml")):
+        for device, precision in api.targets_of(path):
+            plan = api.plan(path, device=device, precision=precision)
+            if all(c.source.kind in ("export", "onnx") for c in plan.components):
+                cases.append((path.stem, device, precision))
+    return cases
+
+
+CASES = _offline_targets()
+
+
+def test_every_local_recipe_has_golden_cases() -> None:
+    assert ("sam3-tiny", "cpu", "fp32") in CASES
+
+
+@pytest.mark.parametrize(
+    ("recipe", "device", "precision"), CASES, ids=[f"{r}-{d}-{p}" for r, d, p in CASES]
+)
+def test_graph_digest(recipe, device, precision, tmp_path, data_regression) -> None:
+    import yaml
+
+    from winml_recipes import api
+
+    result = api.build(
+        RECIPES / f"{recipe}.yaml", device=device, precision=precision, output_root=tmp_path
+    )
+    digests = {
+        name: yaml.safe_load((path.parent / "graph.yaml").read_text())
+        for name, path in sorted(result.models.items())
+    }
+    data_regression.check(digests)

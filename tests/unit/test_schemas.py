@@ -1,0 +1,64 @@
+"""The committed schemas are what `make schema` generates, and every schema is strict."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+
+from tests.conftest import CATALOG, REPO, RECIPES
+from winml_recipes import schemas
+from winml_recipes.engine.registry import all_passes
+
+
+def test_committed_schemas_are_fresh() -> None:
+    for name in schemas.SCHEMAS:
+        committed = (REPO / "schemas" / f"{name}.schema.json").read_text()
+        assert committed == schemas.render(name), f"schemas/{name}.schema.json is stale: make schema"
+
+
+def test_schemas_are_valid_2020_12() -> None:
+    for name in schemas.SCHEMAS:
+        jsonschema.Draft202012Validator.check_schema(schemas.SCHEMAS[name]())
+
+
+def _objects_without_closed_properties(node, path="$"):
+    if isinstance(node, dict):
+        if node.get("type") == "object" or (
+            isinstance(node.get("type"), list) and "object" in node["type"]
+        ):
+            if "properties" in node and node.get("additionalProperties") is not False:
+                yield path
+        for key, value in node.items():
+            yield from _objects_without_closed_properties(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _objects_without_closed_properties(value, f"{path}[{i}]")
+
+
+def test_every_object_with_properties_is_closed() -> None:
+    for name in schemas.SCHEMAS:
+        open_objects = list(_objects_without_closed_properties(schemas.SCHEMAS[name]()))
+        assert open_objects == [], f"{name}: {open_objects}"
+
+
+def test_recipe_schema_composes_every_pass() -> None:
+    schema = schemas.recipe_schema()
+    for name in all_passes():
+        assert f"options.{name}" in schema["$defs"]
+    assert set(schema["$defs"]["step"]["then"]["enum"]) == set(all_passes())
+
+
+def test_recipes_and_catalog_point_editors_at_the_schemas() -> None:
+    for path in RECIPES.glob("*.yaml"):
+        assert "$schema=../schemas/recipe.schema.json" in path.read_text().splitlines()[0]
+    for path in CATALOG.glob("*.yaml"):
+        assert "$schema=../schemas/catalog.schema.json" in path.read_text().splitlines()[0]
+
+
+def test_schema_cli_prints_json() -> None:
+    from tests.conftest import cli
+
+    result = cli("schema", "manifest")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["title"] == "winml-recipes build manifest"
