@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from winml_recipes.errors import CatalogError
-from winml_recipes.schemas import catalog_schema
+from winml_recipes.schemas import NAME_PATTERN, catalog_schema
 from winml_recipes.specs import IOContract, TensorSpec
 from winml_recipes.yamlfile import load_yaml, validate
 
@@ -22,6 +23,7 @@ class Component:
     source: dict[str, Any]
     contract: IOContract
     task: str | None = None
+    source_line: int = 0  # line of `source:` in the catalog file, for error messages
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,13 @@ def entry_names(catalog_dir: Path) -> list[str]:
 
 
 def load_entry(name: str, catalog_dir: Path) -> CatalogEntry:
+    if not re.match(NAME_PATTERN, name):
+        raise CatalogError(
+            f"invalid catalog entry name '{name}': a bare name like 'sam3' "
+            f"(catalog/NAME.yaml), not a path"
+        )
+    if not catalog_dir.is_dir():
+        raise CatalogError(f"catalog directory not found: {catalog_dir}; pass --catalog DIR")
     path = catalog_dir / f"{name}.yaml"
     if not path.is_file():
         names = entry_names(catalog_dir)
@@ -63,7 +72,11 @@ def load_entry(name: str, catalog_dir: Path) -> CatalogEntry:
 
 
 def load_file(path: Path) -> CatalogEntry:
-    loaded = load_yaml(path.read_text(), str(path), CatalogError)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise CatalogError(f"not a UTF-8 text file (byte {exc.start})", where=str(path)) from None
+    loaded = load_yaml(text, str(path), CatalogError)
     if not isinstance(loaded.data, dict):
         raise CatalogError("a catalog entry must be a mapping", where=f"{path}:1")
     validate(loaded, catalog_schema(), str(path), CatalogError)
@@ -100,7 +113,11 @@ def _component(name: str, data: dict[str, Any], lines: dict, path: Path) -> Comp
                 where=f"{path}:{line}",
             )
     return Component(
-        name, dict(data["source"]), IOContract(inputs, outputs, dims), data.get("task")
+        name,
+        dict(data["source"]),
+        IOContract(inputs, outputs, dims),
+        data.get("task"),
+        source_line=lines.get(("components", name, "source"), 0),
     )
 
 

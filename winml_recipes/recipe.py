@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 import hashlib
 import re
@@ -11,15 +12,22 @@ from typing import Any
 
 import jinja2
 import yaml
-from jinja2.sandbox import SandboxedEnvironment
+from jinja2 import meta, nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from winml_recipes.catalog import CatalogEntry, default_catalog_dir, load_entry
-from winml_recipes.errors import RecipeError, WinmlError
+from winml_recipes.errors import CatalogError, RecipeError, WinmlError
 from winml_recipes.presets import Target, default_steps, resolve_target
 from winml_recipes.schemas import recipe_schema
 from winml_recipes.yamlfile import LoadedYaml, load_yaml, validate
 
 PARTIALS_DIR = "_partials"
+# Names the tool sets itself; `-D device=npu` would otherwise be silently overridden.
+RESERVED_VARIABLES = ("device", "precision", "catalog")
+# Upper bounds for `*` and `**` in templates, so `{{ 'x' * 10**10 }}` fails instead of
+# exhausting memory.
+MAX_SEQUENCE_LENGTH = 1_000_000
+MAX_POWER_BITS = 4096
 _MODEL_LINE = re.compile(r"^model:\s*['\"]?([A-Za-z0-9][A-Za-z0-9._-]*)['\"]?\s*(#.*)?$", re.M)
 
 
@@ -56,11 +64,52 @@ def parse_defines(defines: list[str] | tuple[str, ...]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
             raise RecipeError(f"-D '{item}': expected key=value with an identifier key")
+        if key in RESERVED_VARIABLES:
+            hint = f"use --{key}" if key != "catalog" else "use --catalog DIR"
+            raise RecipeError(f"-D '{item}': '{key}' is set by the tool; {hint}")
+        if key in out:
+            raise RecipeError(f"-D '{item}': '{key}' is given twice")
         try:
             out[key] = yaml.safe_load(value) if value else ""
         except yaml.YAMLError:
             out[key] = value
     return out
+
+
+class _RecipeSandbox(ImmutableSandboxedEnvironment):
+    """No attribute escapes, no mutation of passed-in data, bounded `*` and `**`."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "**" and isinstance(left, int) and isinstance(right, int):
+            if right > 0 and abs(left) > 1 and right * abs(left).bit_length() > MAX_POWER_BITS:
+                raise jinja2.exceptions.SecurityError(
+                    f"{left} ** {right} is too large for a recipe"
+                )
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if (
+                    isinstance(seq, str | list | tuple)
+                    and isinstance(n, int)
+                    and len(seq) * n > MAX_SEQUENCE_LENGTH
+                ):
+                    raise jinja2.exceptions.SecurityError(
+                        f"repeating a sequence {n} times is too large for a recipe"
+                    )
+        return super().call_binop(context, operator, left, right)
+
+
+def _read_text(path: Path, error: type[WinmlError] = RecipeError) -> str:
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise error(
+            f"not a UTF-8 text file (byte {exc.start}); is this really a recipe?",
+            where=str(path),
+        ) from None
+    except OSError as exc:
+        raise error(f"cannot read: {exc.strerror}", where=str(path)) from None
 
 
 def _template_line(exc: BaseException, filename: str) -> int | None:
@@ -76,15 +125,28 @@ def _template_line(exc: BaseException, filename: str) -> int | None:
     return found
 
 
-def render(path: Path, variables: dict[str, Any]) -> str:
-    """Render a recipe template in a sandbox; undefined names are errors."""
-    env = SandboxedEnvironment(
-        loader=jinja2.FileSystemLoader(str(path.parent / PARTIALS_DIR)),
+def _environment(path: Path) -> ImmutableSandboxedEnvironment:
+    return _RecipeSandbox(
+        loader=jinja2.FileSystemLoader(str(path.parent / PARTIALS_DIR), encoding="utf-8"),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
     )
-    source = path.read_text()
+
+
+def _include_problem(name: str) -> str | None:
+    if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
+        return "is an absolute path"
+    if ".." in re.split(r"[\\/]", name):
+        return "leaves the partials directory ('..')"
+    return None
+
+
+def render(path: Path, variables: dict[str, Any]) -> str:
+    """Render a recipe template in a sandbox; undefined names are errors."""
+    env = _environment(path)
+    partials = path.parent / PARTIALS_DIR
+    source = _read_text(path)
     try:
         template = env.from_string(source)
         template.filename = str(path)
@@ -94,10 +156,14 @@ def render(path: Path, variables: dict[str, Any]) -> str:
         raise RecipeError(f"template syntax error: {exc.message}", where=where) from None
     except jinja2.TemplateNotFound as exc:
         line = _template_line(exc, str(path)) or 1
-        raise RecipeError(
-            f"include '{exc.name}' not found in {path.parent / PARTIALS_DIR}",
-            where=f"{path}:{line}",
-        ) from None
+        problem = _include_problem(str(exc.name))
+        if problem:
+            message = (
+                f"include '{exc.name}' {problem}; includes are file names inside {partials}"
+            )
+        else:
+            message = f"include '{exc.name}' not found in {partials}"
+        raise RecipeError(message, where=f"{path}:{line}") from None
     except jinja2.exceptions.SecurityError as exc:
         line = _template_line(exc, str(path)) or 1
         raise RecipeError(f"not allowed in a recipe: {exc}", where=f"{path}:{line}") from None
@@ -114,11 +180,76 @@ def render(path: Path, variables: dict[str, Any]) -> str:
     except jinja2.TemplateError as exc:
         line = _template_line(exc, str(path)) or 1
         raise RecipeError(f"template error: {exc}", where=f"{path}:{line}") from None
+    except (MemoryError, OverflowError, RecursionError, ArithmeticError, TypeError) as exc:
+        line = _template_line(exc, str(path)) or 1
+        detail = str(exc) or type(exc).__name__
+        raise RecipeError(
+            f"template error: {type(exc).__name__}: {detail}", where=f"{path}:{line}"
+        ) from None
 
 
-def _peek_model(source: str) -> str | None:
+def used_variables(path: Path) -> set[str] | None:
+    """Names a recipe (and the partials it includes by constant name) reads; None if unknown."""
+    env = _environment(path)
+    found: set[str] = set()
+    pending: list[tuple[str, str]] = [(str(path), _read_text(path))]
+    seen: set[str] = set()
+    while pending:
+        name, source = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            ast = env.parse(source)
+        except jinja2.TemplateSyntaxError:
+            return None
+        found |= meta.find_undeclared_variables(ast)
+        for node in ast.find_all((nodes.Include, nodes.Import, nodes.FromImport, nodes.Extends)):
+            target = node.template
+            if not isinstance(target, nodes.Const) or not isinstance(target.value, str):
+                return None  # a computed include: any variable may be used there
+            try:
+                text, _, _ = env.loader.get_source(env, target.value)
+            except jinja2.TemplateNotFound:
+                continue  # render() reports it with a line number
+            pending.append((target.value, text))
+    return found
+
+
+def check_defines(path: Path, defines: dict[str, Any]) -> None:
+    """A `-D` the recipe never reads is a typo, not a silent no-op."""
+    if not defines:
+        return
+    used = used_variables(path)
+    if used is None:
+        return
+    for key in defines:
+        if key not in used:
+            candidates = sorted(used - set(RESERVED_VARIABLES))
+            close = difflib.get_close_matches(key, candidates, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            reads = ", ".join(candidates) or "none"
+            raise RecipeError(
+                f"-D {key}: the recipe does not use '{key}'{hint}; variables it reads: {reads}",
+                where=str(path),
+            )
+
+
+def _peek_model(source: str) -> tuple[str, int] | None:
     match = _MODEL_LINE.search(source)
-    return match.group(1) if match else None
+    if not match:
+        return None
+    return match.group(1), source.count("\n", 0, match.start()) + 1
+
+
+def _load_catalog(name: str, catalog_dir: Path, where: str) -> CatalogEntry:
+    """The recipe's catalog entry; an unknown name is reported at the recipe's `model:` line."""
+    try:
+        return load_entry(name, catalog_dir)
+    except CatalogError as exc:
+        if exc.where:  # the entry exists but is invalid: point into the catalog file
+            raise
+        raise RecipeError(f"$.model: {exc.message}", where=where) from None
 
 
 def load_recipe(
@@ -132,10 +263,11 @@ def load_recipe(
     """Load a recipe for one target; unspecified parts come from its first matching target."""
     path = Path(path)
     if not path.is_file():
-        raise RecipeError("recipe file not found", where=str(path))
+        what = "is a directory, expected a recipe file" if path.is_dir() else "recipe not found"
+        raise RecipeError(what, where=str(path))
     catalog_dir = catalog_dir or default_catalog_dir(path)
-    model_name = _peek_model(path.read_text())
-    catalog = load_entry(model_name, catalog_dir) if model_name else None
+    peeked = _peek_model(_read_text(path))
+    catalog = _load_catalog(peeked[0], catalog_dir, f"{path}:{peeked[1]}") if peeked else None
     # First pass: learn the declared targets (rendered with the requested or placeholder values).
     probe = _render_and_validate(path, device or "cpu", precision or "fp32", defines, catalog)
     targets = tuple(resolve_target(t["device"], t["precision"]) for t in probe.data["targets"])
@@ -145,7 +277,9 @@ def load_recipe(
         loaded = _render_and_validate(path, chosen.device, chosen.precision, defines, catalog)
     data = loaded.data
     if catalog is None or catalog.name != data["model"]:
-        catalog = load_entry(data["model"], catalog_dir)
+        where = f"{path}:{loaded.lines.get(('model',), 1)}"
+        catalog = _load_catalog(data["model"], catalog_dir, where)
+    check_defines(path, defines or {})
     components, dims = _components(loaded, catalog, chosen, str(path))
     return Recipe(
         name=data["name"],
@@ -171,7 +305,7 @@ def _render_and_validate(
 ) -> LoadedYaml:
     variables: dict[str, Any] = {**(defines or {}), "device": device, "precision": precision}
     if catalog is not None:
-        variables["catalog"] = catalog.data
+        variables["catalog"] = copy.deepcopy(catalog.data)
     rendered = render(path, variables)
     loaded = load_yaml(rendered, str(path), RecipeError)
     if not isinstance(loaded.data, dict):

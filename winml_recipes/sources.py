@@ -95,6 +95,12 @@ def classify(ref: str, *, revision: str | None = None, base: Path | None = None)
             raise SourceError(f"invalid Hub repo id in '{ref}'; expected org/repo[/path.onnx]")
     repo_id = f"{head}/{repo_name}"
     if not rest:
+        if is_onnx_name(repo_name):
+            # `models/encoder.onnx` is a missing local file, not an HF model id.
+            raise SourceError(
+                f"'{ref}' is not a file (relative to {base}) and not a Hub ONNX file "
+                "(org/repo/path.onnx); for a local path start it with ./"
+            )
         return HfModelId(repo_id, rev)
     parts = rest.replace("\\", "/").split("/")
     if any(p in ("", ".", "..") for p in parts):

@@ -23,8 +23,19 @@ class LoadedYaml:
     text: str = ""
 
 
+# A recipe or catalog entry has a few thousand nodes at most; more means an alias bomb
+# ("billion laughs") that would hang validation.
+MAX_NODES = 100_000
+_STR_TAG = "tag:yaml.org,2002:str"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 def load_yaml(text: str, filename: str, error: type[WinmlError]) -> LoadedYaml:
-    """Parse with the safe loader; a syntax error becomes `FILE:LINE: message`."""
+    """Parse with the safe loader; a syntax error becomes `FILE:LINE: message`.
+
+    Duplicate keys and non-string keys are errors (PyYAML silently keeps the last of two
+    equal keys, and `1:` would become an int key that never matches a name).
+    """
     try:
         loader = yaml.SafeLoader(text)
         try:
@@ -40,20 +51,53 @@ def load_yaml(text: str, filename: str, error: type[WinmlError]) -> LoadedYaml:
     lines: dict[JsonPath, int] = {}
     key_lines: dict[JsonPath, int] = {}
     if node is not None:
-        _walk(node, (), lines, key_lines)
+        problem = _walk(node, (), lines, key_lines, [0])
+        if problem is not None:
+            line, message = problem
+            raise error(message, where=f"{filename}:{line}")
     return LoadedYaml(data, lines, key_lines, text)
 
 
-def _walk(node: yaml.Node, path: JsonPath, lines: dict, key_lines: dict) -> None:
-    lines[path] = node.start_mark.line + 1
+def _walk(
+    node: yaml.Node, path: JsonPath, lines: dict, key_lines: dict, count: list[int]
+) -> tuple[int, str] | None:
+    """Record lines; return (line, message) for the first structural problem found."""
+    count[0] += 1
+    if count[0] > MAX_NODES:
+        return (
+            node.start_mark.line + 1,
+            f"{json_path(path)}: more than {MAX_NODES} values after expanding YAML aliases; "
+            "is an alias (*name) repeated recursively?",
+        )
+    lines.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
         for key_node, value_node in node.value:
+            line = key_node.start_mark.line + 1
+            if key_node.tag == _MERGE_TAG:
+                continue
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != _STR_TAG:
+                shown = key_node.value if isinstance(key_node, yaml.ScalarNode) else "?"
+                return line, (
+                    f"{json_path(path)}: key {shown} is not a string; quote it ('{shown}')"
+                )
+            if key_node.value in seen:
+                return line, (
+                    f"{json_path(path)}: duplicate key '{key_node.value}' "
+                    f"(first at line {seen[key_node.value]})"
+                )
+            seen[key_node.value] = line
             child = (*path, key_node.value)
-            key_lines[child] = key_node.start_mark.line + 1
-            _walk(value_node, child, lines, key_lines)
+            key_lines.setdefault(child, line)
+            problem = _walk(value_node, child, lines, key_lines, count)
+            if problem is not None:
+                return problem
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _walk(item, (*path, i), lines, key_lines)
+            problem = _walk(item, (*path, i), lines, key_lines, count)
+            if problem is not None:
+                return problem
+    return None
 
 
 def json_path(path: Iterable[str | int]) -> str:

@@ -1,0 +1,79 @@
+"""Benchmarks, each reported as a ratio against a baseline measured in the same run.
+
+- sam3-tiny: cold build (empty cache) vs fully cached rebuild; the rebuild must not import
+  torch and should take under 10% of the cold build.
+
+Run with `make bench`. Prints a table and writes bench/out/results.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "recipes" / "sam3-tiny.yaml"
+
+_BUILD = """
+import json, resource, sys, time
+t = time.perf_counter()
+from winml_recipes import api
+api.build({recipe!r}, output_root={out!r})
+print(json.dumps({{
+    "seconds": time.perf_counter() - t,
+    "torch_imported": "torch" in sys.modules,
+    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+}}))
+"""
+
+
+def _build_in_fresh_process(cache: Path, out: Path) -> dict:
+    """One build in a new interpreter (import time counts, as it does for a user)."""
+    env = {**os.environ, "WINML_RECIPES_CACHE": str(cache)}
+    code = _BUILD.format(recipe=str(RECIPE), out=str(out))
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=REPO
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["process_seconds"] = time.perf_counter() - started
+    return result
+
+
+def bench_cached_rebuild(scratch: Path) -> dict:
+    cache = scratch / "cache"
+    cold = _build_in_fresh_process(cache, scratch / "out-cold")
+    warm = _build_in_fresh_process(cache, scratch / "out-warm")
+    return {
+        "cold_build_s": round(cold["process_seconds"], 3),
+        "cached_rebuild_s": round(warm["process_seconds"], 3),
+        "ratio": round(warm["process_seconds"] / cold["process_seconds"], 4),
+        "cached_imports_torch": warm["torch_imported"],
+        "target_ratio_below": 0.10,
+    }
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory(prefix="winml-bench-") as tmp:
+        results = {"sam3_tiny_cached_rebuild": bench_cached_rebuild(Path(tmp))}
+    out = REPO / "bench" / "out"
+    out.mkdir(exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    ok = True
+    r = results["sam3_tiny_cached_rebuild"]
+    print(f"sam3-tiny cold build        {r['cold_build_s']:8.2f} s")
+    print(f"sam3-tiny cached rebuild    {r['cached_rebuild_s']:8.2f} s")
+    print(f"ratio cached / cold         {r['ratio']:8.4f}   (target < {r['target_ratio_below']})")
+    print(f"cached rebuild imports torch: {r['cached_imports_torch']}")
+    ok &= r["ratio"] < r["target_ratio_below"] and not r["cached_imports_torch"]
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
