@@ -82,11 +82,15 @@ class _RecipeSandbox(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"*", "**"})
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        if operator == "**" and isinstance(left, int) and isinstance(right, int):
-            if right > 0 and abs(left) > 1 and right * abs(left).bit_length() > MAX_POWER_BITS:
-                raise jinja2.exceptions.SecurityError(
-                    f"{left} ** {right} is too large for a recipe"
-                )
+        if (
+            operator == "**"
+            and isinstance(left, int)
+            and isinstance(right, int)
+            and right > 0
+            and abs(left) > 1
+            and right * abs(left).bit_length() > MAX_POWER_BITS
+        ):
+            raise jinja2.exceptions.SecurityError(f"{left} ** {right} is too large for a recipe")
         if operator == "*":
             for seq, n in ((left, right), (right, left)):
                 if (
@@ -158,9 +162,7 @@ def render(path: Path, variables: dict[str, Any]) -> str:
         line = _template_line(exc, str(path)) or 1
         problem = _include_problem(str(exc.name))
         if problem:
-            message = (
-                f"include '{exc.name}' {problem}; includes are file names inside {partials}"
-            )
+            message = f"include '{exc.name}' {problem}; includes are file names inside {partials}"
         else:
             message = f"include '{exc.name}' not found in {partials}"
         raise RecipeError(message, where=f"{path}:{line}") from None
