@@ -52,3 +52,62 @@ def tiny_build(tmp_path_factory: pytest.TempPathFactory):
 
     out = tmp_path_factory.mktemp("tiny-build")
     return api.build(RECIPES / "sam3-tiny.yaml", output_root=out)
+
+
+def make_mlp_onnx(path: Path, *, seed: int = 0, hidden: int = 8) -> Path:
+    """A small float MLP (MatMul, Add, Relu, MatMul) with a dynamic `batch` dim."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    w1 = numpy_helper.from_array(rng.standard_normal((4, hidden)).astype(np.float32), "w1")
+    b1 = numpy_helper.from_array(rng.standard_normal(hidden).astype(np.float32), "b1")
+    w2 = numpy_helper.from_array(rng.standard_normal((hidden, 3)).astype(np.float32), "w2")
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+            helper.make_node("Add", ["h", "b1"], ["hb"], name="add1"),
+            helper.make_node("Relu", ["hb"], ["r"], name="relu1"),
+            helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2"),
+        ],
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+        initializer=[w1, b1, w2],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+    return path
+
+
+MLP_CATALOG = """\
+schema_version: 1
+name: mlp
+task: feature-extraction
+license: mit
+components:
+  model:
+    source: {{ref: {ref}}}
+    dims: {{batch: 2}}
+    inputs:
+      x: {{dtype: float32, shape: [batch, 4], range: [-1.0, 1.0]}}
+    outputs:
+      y: {{shape: [batch, 3]}}
+"""
+
+
+def make_mlp_project(root: Path, steps: str = "[normalize, verify]", extra: str = "") -> Path:
+    """root/catalog/mlp.yaml + root/recipes/mlp.yaml around a local MLP; returns the recipe."""
+    (root / "catalog").mkdir(parents=True, exist_ok=True)
+    (root / "recipes").mkdir(exist_ok=True)
+    make_mlp_onnx(root / "catalog" / "mlp.onnx")
+    (root / "catalog" / "mlp.yaml").write_text(MLP_CATALOG.format(ref="./mlp.onnx"))
+    recipe = root / "recipes" / "mlp.yaml"
+    recipe.write_text(
+        "schema_version: 1\nname: mlp\nmodel: mlp\n"
+        "targets:\n  - {device: cpu, precision: fp32}\n  - {device: npu, precision: fp32}\n"
+        f"steps: {steps}\n{extra}"
+    )
+    return recipe

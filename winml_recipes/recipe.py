@@ -17,7 +17,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from winml_recipes.catalog import CatalogEntry, default_catalog_dir, load_entry
 from winml_recipes.errors import CatalogError, RecipeError, WinmlError
-from winml_recipes.presets import Target, default_steps, resolve_target
+from winml_recipes.presets import Target, default_steps, devices, precisions, resolve_target
 from winml_recipes.schemas import recipe_schema
 from winml_recipes.yamlfile import LoadedYaml, load_yaml, validate
 
@@ -267,6 +267,8 @@ def load_recipe(
     if not path.is_file():
         what = "is a directory, expected a recipe file" if path.is_dir() else "recipe not found"
         raise RecipeError(what, where=str(path))
+    # A typo in --device/--precision is reported before the template sees the value.
+    resolve_target(device or devices()[0], precision or precisions()[0])
     catalog_dir = catalog_dir or default_catalog_dir(path)
     peeked = _peek_model(_read_text(path))
     catalog = _load_catalog(peeked[0], catalog_dir, f"{path}:{peeked[1]}") if peeked else None

@@ -113,6 +113,7 @@ def model_facts(path: Path) -> ModelFacts:
 
     model = load_model(path)
     quant = detect_quantization(model)
+    normalized = is_normalized(model)
     dynamic = sorted(
         {
             d.dim_param
@@ -127,7 +128,8 @@ def model_facts(path: Path) -> ModelFacts:
         is_onnx=True,
         quantized=quant.quantized,
         quant_summary=quant.describe() if quant.quantized else "",
-        normalized=is_normalized(model),
+        normalized=normalized,
+        normalized_why="stamp matches the graph fingerprint" if normalized else "",
         opset=opset,
         external_data=bool(sidecars),
         size_bytes=path.stat().st_size + sum(p.stat().st_size for p in sidecars),

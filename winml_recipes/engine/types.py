@@ -41,6 +41,7 @@ class ModelFacts:
     quantized: bool = False
     quant_summary: str = ""  # e.g. "QOperator: ConvInteger x9"
     normalized: bool = False
+    normalized_why: str = ""  # e.g. "stamp matches the graph fingerprint"
     opset: int | None = None
     external_data: bool = False
     size_bytes: int = 0

@@ -37,7 +37,12 @@ class ExportPass(Pass):
 
     def facts_after(self, facts: ModelFacts, options: dict[str, Any]) -> ModelFacts:
         # The exporter's output is a clean float graph: it counts as normalized.
-        return ModelFacts(is_onnx=True, normalized=True, has_reference=True)
+        return ModelFacts(
+            is_onnx=True,
+            normalized=True,
+            normalized_why="the exporter's output counts as normalized",
+            has_reference=True,
+        )
 
     def run(
         self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext

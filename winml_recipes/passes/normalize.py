@@ -43,11 +43,11 @@ class NormalizePass(Pass):
         if facts.quantized:
             return f"source already quantized ({facts.quant_summary})"
         if facts.normalized and not options.get("force"):
-            return "already normalized (stamp matches the graph fingerprint)"
+            return f"already normalized ({facts.normalized_why or 'stamped'})"
         return None
 
     def facts_after(self, facts: ModelFacts, options: dict[str, Any]) -> ModelFacts:
-        return facts.evolve(normalized=True)
+        return facts.evolve(normalized=True, normalized_why="normalized by an earlier step")
 
     def run(
         self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext

@@ -1,0 +1,212 @@
+"""Passes on real models: normalize runs once, fix_shapes, verify thresholds, plugins, auto export."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import onnx
+import pytest
+
+from tests.conftest import cli, make_mlp_project
+from winml_recipes import api
+from winml_recipes.onnx.stamp import is_normalized, read_stamp
+
+
+def _steps(result, component: str = "model") -> dict:
+    return {s["pass"]: s for s in result.manifest["components"][component]["steps"]}
+
+
+def test_normalize_runs_on_unstamped_source_and_stamps(tmp_path) -> None:
+    recipe = make_mlp_project(tmp_path)
+    result = api.build(recipe, output_root=tmp_path / "build")
+    steps = _steps(result)
+    assert steps["normalize"]["status"] == "ran"
+    model = onnx.load(str(result.models["model"]))
+    assert is_normalized(model)
+    assert read_stamp(model)["tool"].startswith("winml-recipes normalize")
+
+
+def test_built_model_as_source_is_not_normalized_twice(tmp_path) -> None:
+    first = api.build(make_mlp_project(tmp_path / "a"), output_root=tmp_path / "build-a")
+    # Use the normalized output as the source of a second project.
+    recipe = make_mlp_project(tmp_path / "b")
+    (tmp_path / "b" / "catalog" / "mlp.onnx").write_bytes(first.models["model"].read_bytes())
+    plan = api.plan(recipe)
+    normalize = plan.components[0].steps[0]
+    assert normalize.skip == "already normalized (stamp matches the graph fingerprint)"
+    second = api.build(recipe, output_root=tmp_path / "build-b")
+    assert _steps(second)["normalize"]["status"] == "skipped"
+
+
+def test_model_edited_after_normalization_is_normalized_again(tmp_path) -> None:
+    first = api.build(make_mlp_project(tmp_path / "a"), output_root=tmp_path / "build-a")
+    model = onnx.load(str(first.models["model"]))
+    model.graph.node[-1].name = "renamed_by_another_tool"  # stamp still there, graph changed
+    recipe = make_mlp_project(tmp_path / "b")
+    onnx.save(model, str(tmp_path / "b" / "catalog" / "mlp.onnx"))
+    assert read_stamp(model) is not None and not is_normalized(model)
+    assert api.plan(recipe).components[0].steps[0].skip is None
+
+
+def test_force_normalizes_a_stamped_model(tmp_path) -> None:
+    recipe = make_mlp_project(tmp_path, steps="[normalize, {normalize: {force: true}}, verify]")
+    result = api.build(recipe, output_root=tmp_path / "build")
+    statuses = [s["status"] for s in result.manifest["components"]["model"]["steps"]]
+    assert statuses[0] in ("ran", "cached") and statuses[1:] == ["ran", "ran"]
+
+
+def test_onnxscript_backend_keeps_outputs(tmp_path) -> None:
+    recipe = make_mlp_project(tmp_path, steps="[{normalize: {backend: onnxscript}}, verify]")
+    result = api.build(recipe, output_root=tmp_path / "build")
+    outputs = _steps(result)["verify"]["metrics"]["outputs"]
+    assert outputs["y"]["max_abs"] < 1e-5
+
+
+def test_fix_shapes_uses_catalog_dims_and_overrides(tmp_path) -> None:
+    recipe = make_mlp_project(tmp_path, steps="[{fix_shapes: {dims: {batch: 5}}}]")
+    result = api.build(recipe, output_root=tmp_path / "build")
+    model = onnx.load(str(result.models["model"]))
+    shape = [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim]
+    assert shape == [5, 3]
+    assert _steps(result)["fix_shapes"]["metrics"] == {"fixed": {"batch": 5}}
+
+
+def test_verify_below_threshold_fails_and_writes_nothing(tmp_path) -> None:
+    recipe = make_mlp_project(tmp_path, steps="[{verify: {min_sqnr_db: 250}}]")
+    result = cli("build", recipe, "-o", tmp_path / "build")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        "error: model/verify: verification failed: y: SQNR 200.00 dB < 250 dB"
+    )
+    assert not (tmp_path / "build" / "mlp" / "cpu-fp32").exists()
+
+
+def test_verify_checks_output_shapes_against_contract(tmp_path) -> None:
+    recipe = make_mlp_project(tmp_path)
+    catalog = tmp_path / "catalog" / "mlp.yaml"
+    catalog.write_text(
+        catalog.read_text().replace("y: {shape: [batch, 3]}", "y: {shape: [batch, 7]}")
+    )
+    result = cli("build", recipe, "-o", tmp_path / "build")
+    assert result.exit_code == 2
+    assert "output 'y' has shape [2, 3], the catalog says [2, 7]" in result.stderr
+
+
+PLUGIN = """
+from pathlib import Path
+from winml_recipes.engine.registry import Pass
+from winml_recipes.engine.types import StepResult
+
+class NpuOnly(Pass):
+    name = "npu_only"
+    version = 3
+    summary = "A third-party pass for tests."
+    devices = frozenset({"npu"})
+    options_schema = {"type": "object", "additionalProperties": False,
+                      "properties": {"level": {"type": "integer", "default": 1}}}
+
+    def run(self, src, out_dir, options, ctx):
+        return StepResult(None, {"level": options["level"], "device": ctx.target.device})
+"""
+
+
+@pytest.fixture
+def plugin_on_path(tmp_path, monkeypatch):
+    """Install a pass through a real entry point (a dist-info on sys.path)."""
+    site = tmp_path / "site"
+    (site / "npu_plugin_pkg").mkdir(parents=True)
+    (site / "npu_plugin_pkg" / "__init__.py").write_text(textwrap.dedent(PLUGIN))
+    dist = site / "npu_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: npu-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[winml_recipes.passes]\nnpu_only = npu_plugin_pkg:NpuOnly\n"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    from winml_recipes.engine import registry
+
+    saved = dict(registry._REGISTRY)
+    monkeypatch.setattr(registry, "_loaded", False)
+    yield
+    registry._REGISTRY.clear()
+    registry._REGISTRY.update(saved)
+    sys.modules.pop("npu_plugin_pkg", None)
+
+
+def test_entry_point_pass_is_registered_planned_and_refused_on_cpu(plugin_on_path, tmp_path):
+    listed = cli("passes", "--json")
+    rows = {r["name"]: r for r in json.loads(listed.stdout)}
+    assert rows["npu_only"]["devices"] == "npu" and rows["npu_only"]["version"] == 3
+    recipe = make_mlp_project(tmp_path, steps="[npu_only]")
+    npu = api.build(recipe, device="npu", precision="fp32", output_root=tmp_path / "b")
+    assert _steps(npu)["npu_only"]["metrics"] == {"level": 1, "device": "npu"}
+    refused = cli("plan", recipe, "--device", "cpu")
+    assert refused.exit_code == 2
+    assert "pass 'npu_only' does not support cpu/fp32 (devices: npu; precisions: any)" in (
+        refused.stderr
+    )
+
+
+AUTO_CATALOG = """\
+schema_version: 1
+name: {name}
+task: {task}
+license: apache-2.0
+family: auto
+components:
+  model:
+    task: {task}
+    source:
+      seed: 0
+      config: {config}
+    dims: {dims}
+    inputs: {inputs}
+    outputs: {outputs}
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "task", "config", "dims", "inputs", "outputs"),
+    [
+        (
+            "tiny-bert",
+            "feature-extraction",
+            "{model_type: bert, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2,"
+            " intermediate_size: 64, vocab_size: 100}",
+            "{batch: 1, sequence: 8}",
+            "{input_ids: {dtype: int64, shape: [batch, sequence], range: [0, 100]},"
+            " attention_mask: {dtype: int64, shape: [batch, sequence], values: [1]},"
+            " token_type_ids: {dtype: int64, shape: [batch, sequence], values: [0]}}",
+            "{last_hidden_state: {shape: [batch, sequence, 32]}}",
+        ),
+        (
+            "tiny-convnext",
+            "image-classification",
+            "{model_type: convnext, hidden_sizes: [8, 16], depths: [1, 1], num_stages: 2,"
+            " image_size: 32, num_labels: 5}",
+            "{batch: 1}",
+            "{pixel_values: {dtype: float32, shape: [batch, 3, 32, 32], range: [-1.0, 1.0]}}",
+            "{logits: {shape: [batch, 5]}}",
+        ),
+    ],
+)
+def test_auto_family_builds_from_catalog(tmp_path, name, task, config, dims, inputs, outputs):
+    (tmp_path / "catalog").mkdir()
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "catalog" / f"{name}.yaml").write_text(
+        AUTO_CATALOG.format(
+            name=name, task=task, config=config, dims=dims, inputs=inputs, outputs=outputs
+        )
+    )
+    recipe = tmp_path / "recipes" / f"{name}.yaml"
+    recipe.write_text(
+        f"schema_version: 1\nname: {name}\nmodel: {name}\n"
+        "targets: [{device: cpu, precision: fp32}]\n"
+    )  # no steps: the presets decide
+    result = api.build(recipe, output_root=tmp_path / "build")
+    steps = _steps(result)
+    assert [s for s in steps] == ["export", "normalize", "verify"]
+    assert steps["export"]["status"] == "ran"
+    assert all(m["sqnr_db"] >= 60 for m in steps["verify"]["metrics"]["outputs"].values())
