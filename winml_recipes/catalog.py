@@ -11,7 +11,7 @@ from typing import Any
 
 from winml_recipes.errors import CatalogError
 from winml_recipes.schemas import NAME_PATTERN, catalog_schema
-from winml_recipes.specs import IOContract, TensorSpec
+from winml_recipes.specs import ImagePreprocess, IOContract, TensorSpec
 from winml_recipes.yamlfile import load_yaml, validate
 
 CATALOG_ENV = "WINML_RECIPES_CATALOG"
@@ -128,4 +128,16 @@ def _tensor(name: str, spec: dict[str, Any]) -> TensorSpec:
         shape=tuple(spec["shape"]),
         range=tuple(spec["range"]) if "range" in spec else None,
         values=tuple(spec["values"]) if "values" in spec else None,
+        image=_image(spec["image"]) if "image" in spec else None,
+    )
+
+
+def _image(spec: dict[str, Any]) -> ImagePreprocess:
+    size = spec["size"]
+    hw = (size, size) if isinstance(size, int) else (size[0], size[1])
+    return ImagePreprocess(
+        size=hw,
+        mean=tuple(spec.get("mean", (0.0, 0.0, 0.0))),
+        std=tuple(spec.get("std", (1.0, 1.0, 1.0))),
+        layout=spec.get("layout", "NCHW"),
     )

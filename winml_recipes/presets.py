@@ -66,3 +66,16 @@ def default_steps(target: Target) -> list[Any]:
             f"recipe or use one of: {', '.join(have)}"
         )
     return list(steps)
+
+
+def device_settings(device: str) -> dict[str, Any]:
+    _check(device, devices(), "device")
+    return dict(presets()["devices"][device])
+
+
+def default_precision(device: str) -> str:
+    return str(device_settings(device)["default_precision"])
+
+
+def precisions_of_kind(kind: str) -> frozenset[str]:
+    return frozenset(p for p, s in presets()["precisions"].items() if s["kind"] == kind)

@@ -139,6 +139,33 @@ def _tensor_schema(output: bool) -> dict[str, Any]:
             "maxItems": 2,
         }
         props["values"] = {"type": "array", "items": {"type": "number"}, "minItems": 1}
+        props["image"] = {
+            "type": "object",
+            "description": "How image files become this input (calibration from a folder).",
+            "additionalProperties": False,
+            "required": ["size"],
+            "properties": {
+                "size": {
+                    "description": "Resize to this (one int: square; or [height, width]).",
+                    "anyOf": [
+                        {"type": "integer", "minimum": 1},
+                        {
+                            "type": "array",
+                            "items": {"type": "integer", "minimum": 1},
+                            "minItems": 2,
+                            "maxItems": 2,
+                        },
+                    ],
+                },
+                "mean": {"type": "array", "items": {"type": "number"}, "minItems": 1},
+                "std": {
+                    "type": "array",
+                    "items": {"type": "number", "exclusiveMinimum": 0},
+                    "minItems": 1,
+                },
+                "layout": {"enum": ["NCHW", "NHWC"], "default": "NCHW"},
+            },
+        }
     return {
         "type": "object",
         "additionalProperties": False,

@@ -24,6 +24,17 @@ class TensorSpec:
     shape: tuple[Dim, ...] = ()
     range: tuple[float, float] | None = None
     values: tuple[float, ...] | None = None
+    image: ImagePreprocess | None = None
+
+
+@dataclass(frozen=True)
+class ImagePreprocess:
+    """How an image file becomes this input: resize, scale to [0, 1], (x - mean) / std."""
+
+    size: tuple[int, int]  # (height, width)
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
+    std: tuple[float, ...] = (1.0, 1.0, 1.0)
+    layout: str = "NCHW"
 
 
 @dataclass(frozen=True)

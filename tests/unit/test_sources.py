@@ -92,9 +92,7 @@ def test_relative_paths_resolve_against_base_not_cwd(tmp_path: Path, monkeypatch
 def test_hub_onnx(ref: str, repo: str, filename: str, revision: str | None) -> None:
     got = classify(ref, base=BASE)
     assert got == HubOnnx(repo, filename, revision)
-    assert str(got) == (
-        f"{repo}@{revision}/{filename}" if revision else f"{repo}/{filename}"
-    )
+    assert str(got) == (f"{repo}@{revision}/{filename}" if revision else f"{repo}/{filename}")
 
 
 def test_hub_onnx_revision_argument() -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from winml_recipes.engine.registry import Pass, describe_support, get_pass
 from winml_recipes.engine.resolve import resolve_source, source_facts
-from winml_recipes.engine.types import ModelFacts, Source
+from winml_recipes.engine.types import ModelFacts, PlanContext, Source
 from winml_recipes.errors import PlanError, WinmlError
 from winml_recipes.presets import Target
 from winml_recipes.recipe import Recipe
@@ -33,12 +34,19 @@ class ComponentPlan:
     facts: ModelFacts
     steps: list[PlannedStep] = field(default_factory=list)
 
+    @property
+    def depends_on(self) -> tuple[str, ...]:
+        out: list[str] = []
+        for s in self.steps:
+            out += [d for d in s.impl.depends_on(s.options) if d not in out]
+        return tuple(out)
+
 
 @dataclass
 class Plan:
     recipe: Recipe
     target: Target
-    components: list[ComponentPlan]
+    components: list[ComponentPlan]  # in build order (dependencies first)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -47,6 +55,11 @@ class Plan:
             "components": {
                 c.name: {
                     "source": c.source.to_manifest(),
+                    "facts": {
+                        "quantized": c.facts.quantized,
+                        "quantization": c.facts.quant_summary,
+                        "normalized": c.facts.normalized,
+                    },
                     "steps": [
                         {"pass": s.name, "options": s.options}
                         | ({"skip": s.skip} if s.skip else {})
@@ -71,36 +84,94 @@ def with_defaults(impl: Pass, options: dict[str, Any]) -> dict[str, Any]:
 
 def make_plan(recipe: Recipe) -> Plan:
     target = recipe.target
-    components = []
-    for cname, steps in recipe.components.items():
-        comp = recipe.catalog.components[cname]
-        source = resolve_source(recipe.catalog, comp)
-        contract = replace(comp.contract, dims={**comp.contract.dims, **recipe.dims[cname]})
-        facts = source_facts(source)
-        plan = ComponentPlan(cname, source, contract, facts)
-        for i, step in enumerate(steps):
-            where = f"{recipe.path}:{step.line}" if step.line else f"{recipe.path}"
-            try:
-                impl = get_pass(step.name)
-            except WinmlError as exc:
-                raise PlanError(exc.message, where=where) from None
+    names = tuple(recipe.components)
+    components = [
+        _plan_component(recipe, cname, steps, names) for cname, steps in recipe.components.items()
+    ]
+    return Plan(recipe, target, _build_order(components, recipe))
+
+
+def _plan_component(recipe: Recipe, cname: str, steps: tuple, names: tuple[str, ...]):
+    target = recipe.target
+    comp = recipe.catalog.components[cname]
+    source = resolve_source(recipe.catalog, comp)
+    contract = replace(comp.contract, dims={**comp.contract.dims, **recipe.dims[cname]})
+    facts = source_facts(source)
+    plan = ComponentPlan(cname, source, contract, facts)
+    pctx = PlanContext(cname, target, contract, recipe.path.parent, names)
+    seen_quantize = False
+    dequantized = False
+    for i, step in enumerate(steps):
+        where = f"{recipe.path}:{step.line}" if step.line else f"{recipe.path}"
+        try:
+            impl = get_pass(step.name)
             if not impl.supports(target):
                 devs, precs = describe_support(type(impl))
                 raise PlanError(
                     f"{cname}: pass '{step.name}' does not support {target.device}/"
-                    f"{target.precision} (devices: {devs}; precisions: {precs})",
-                    where=where,
+                    f"{target.precision} (devices: {devs}; precisions: {precs})"
                 )
             options = with_defaults(impl, step.options)
-            skip = impl.skip_reason(facts, options, target)
-            plan.steps.append(PlannedStep(i, step.name, impl, options, skip, facts, step.line))
-            if skip is None:
-                facts = impl.facts_after(facts, options)
-        if not facts.is_onnx:
-            raise PlanError(
-                f"{cname}: source {source.ref} is not ONNX and no step exports it; "
-                "add 'export' as the first step",
-                where=str(recipe.path),
-            )
-        components.append(plan)
-    return Plan(recipe, target, components)
+            impl.check(options, pctx)
+            if step.name == "quantize":
+                if seen_quantize:
+                    raise PlanError(
+                        f"{cname}: two quantize steps; keep one (one component is quantized once)"
+                    )
+                seen_quantize = True
+                if facts.quantized and not dequantized and step.line:
+                    raise PlanError(
+                        f"{cname}: quantize on an already-quantized model ({facts.quant_summary});"
+                        " add a dequantize step before it"
+                    )
+        except WinmlError as exc:
+            raise PlanError(exc.message, where=exc.where or where) from None
+        dequantized |= step.name == "dequantize"
+        skip = impl.skip_reason(facts, options, target)
+        plan.steps.append(PlannedStep(i, step.name, impl, options, skip, facts, step.line))
+        if skip is None:
+            facts = impl.facts_after(facts, options)
+    if not facts.is_onnx:
+        raise PlanError(
+            f"{cname}: source {source.ref} is not ONNX and no step exports it; "
+            "add 'export' as the first step",
+            where=str(recipe.path),
+        )
+    return plan
+
+
+def _build_order(components: list[ComponentPlan], recipe: Recipe) -> list[ComponentPlan]:
+    """Dependencies first, otherwise catalog order; unknown names and cycles are errors."""
+    by_name = {c.name: c for c in components}
+    for c in components:
+        for dep in c.depends_on:
+            if dep not in by_name:
+                close = difflib.get_close_matches(dep, list(by_name), n=1)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                raise PlanError(
+                    f"{c.name}: inputs_from '{dep}' is not a component{hint}; "
+                    f"components: {', '.join(by_name)}",
+                    where=str(recipe.path),
+                )
+            if dep == c.name:
+                raise PlanError(
+                    f"{c.name}: inputs_from names the component itself", where=str(recipe.path)
+                )
+    ordered: list[ComponentPlan] = []
+    visiting: list[str] = []
+
+    def visit(c: ComponentPlan) -> None:
+        if c in ordered:
+            return
+        if c.name in visiting:
+            cycle = " -> ".join([*visiting[visiting.index(c.name) :], c.name])
+            raise PlanError(f"inputs_from cycle: {cycle}", where=str(recipe.path))
+        visiting.append(c.name)
+        for dep in c.depends_on:
+            visit(by_name[dep])
+        visiting.pop()
+        ordered.append(c)
+
+    for c in components:
+        visit(c)
+    return ordered

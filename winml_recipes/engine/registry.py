@@ -8,7 +8,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar
 
-from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
+from winml_recipes.engine.types import ModelFacts, PlanContext, StepContext, StepResult
 from winml_recipes.errors import PlanError
 from winml_recipes.presets import Target
 
@@ -42,6 +42,21 @@ class Pass(ABC):
 
     def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
         """Why this step does nothing for a model with these facts (None: it runs)."""
+        return None
+
+    def check(self, options: dict[str, Any], ctx: PlanContext) -> None:
+        """Refuse contradictory options at plan time (raise PlanError saying what to change)."""
+
+    def depends_on(self, options: dict[str, Any]) -> tuple[str, ...]:
+        """Components whose float model this step reads (they are built first)."""
+        return ()
+
+    def calibration_of(self, options: dict[str, Any]) -> dict[str, Any] | None:
+        """The calibration inputs this step uses, for steps of other components to reuse."""
+        return None
+
+    def key_material(self, options: dict[str, Any], ctx: StepContext) -> Any:
+        """Extra cache-key material (e.g. digests of data files the options point to)."""
         return None
 
     def facts_after(self, facts: ModelFacts, options: dict[str, Any]) -> ModelFacts:

@@ -17,7 +17,7 @@ from winml_recipes.engine.cache import StepCache, cache_key, library_versions
 from winml_recipes.engine.lock import exclusive
 from winml_recipes.engine.plan import ComponentPlan, Plan, PlannedStep
 from winml_recipes.engine.registry import model_file
-from winml_recipes.engine.types import StepContext, StepResult
+from winml_recipes.engine.types import StepContext, StepResult, UpstreamComponent
 from winml_recipes.errors import InternalError, PassError, WinmlError
 from winml_recipes.schemas import SCHEMA_VERSION
 
@@ -75,10 +75,13 @@ def run_plan(
             started = time.perf_counter()
             components: dict[str, Any] = {}
             models: dict[str, Path] = {}
+            built: dict[str, UpstreamComponent] = {}
             for comp in plan.components:
-                components[comp.name], models[comp.name] = _build_component(
-                    comp, plan, staging, cache, reporter
+                components[comp.name], models[comp.name], built[comp.name] = _build_component(
+                    comp, plan, staging, cache, reporter, built
                 )
+            order = [c.name for c in plan.recipe.catalog.components.values()]
+            components = {n: components[n] for n in order if n in components}
             manifest = _manifest(plan, components, time.perf_counter() - started)
             (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
             shutil.rmtree(staging / ".work", ignore_errors=True)
@@ -105,8 +108,13 @@ def _swap_into_place(staging: Path, out_dir: Path) -> None:
 
 
 def _build_component(
-    comp: ComponentPlan, plan: Plan, staging: Path, cache: StepCache, reporter: Reporter
-) -> tuple[dict[str, Any], Path]:
+    comp: ComponentPlan,
+    plan: Plan,
+    staging: Path,
+    cache: StepCache,
+    reporter: Reporter,
+    built: dict[str, UpstreamComponent],
+) -> tuple[dict[str, Any], Path, UpstreamComponent | None]:
     from winml_recipes.onnx.io import artifact_sha256
 
     src = comp.source
@@ -119,7 +127,7 @@ def _build_component(
     records = []
     for step in comp.steps:
         reporter.step_started(comp.name, step)
-        record = _run_step(comp, step, plan, staging, cache, state)
+        record = _run_step(comp, step, plan, staging, cache, state, built)
         records.append(record)
         reporter.step_finished(comp.name, step, record)
     if state.model is None:
@@ -141,7 +149,16 @@ def _build_component(
         "files": files,
     }
     del digest
-    return {"source": src.to_manifest(), "steps": records, "artifact": artifact}, final_model
+    upstream = None
+    if state.reference is not None and state.reference_digest is not None:
+        calibration = next(
+            (c for s in comp.steps if (c := s.impl.calibration_of(s.options)) is not None), None
+        )
+        upstream = UpstreamComponent(
+            comp.name, state.reference, state.reference_digest, comp.contract, calibration
+        )
+    record = {"source": src.to_manifest(), "steps": records, "artifact": artifact}
+    return record, final_model, upstream
 
 
 def _sha(path: Path) -> str:
@@ -157,6 +174,7 @@ def _run_step(
     staging: Path,
     cache: StepCache,
     state: _State,
+    built: dict[str, UpstreamComponent | None],
 ) -> dict[str, Any]:
     from winml_recipes.onnx.io import artifact_sha256
 
@@ -170,6 +188,28 @@ def _run_step(
     if step.skip:
         return record | {"status": "skipped", "reason": step.skip}
     started = time.perf_counter()
+    upstream = {}
+    for dep in impl.depends_on(step.options):
+        if built.get(dep) is None:
+            raise PassError(
+                f"'{dep}' has no float model to run (its source is quantized; "
+                "add dequantize to its steps)",
+                where=f"{comp.name}/{step.name}",
+            )
+        upstream[dep] = built[dep]
+    work = staging / ".work" / comp.name / f"{step.index:02d}-{step.name}"
+    ctx = StepContext(
+        component=comp.name,
+        step_index=step.index,
+        target=plan.target,
+        contract=comp.contract,
+        source=comp.source,
+        reference=state.reference,
+        work_dir=work / "scratch",
+        recipe_dir=plan.recipe.path.parent,
+        seed=plan.recipe.seed,
+        upstream=upstream,
+    )
     key = cache_key(
         input=state.digest,
         reference=state.reference_digest if impl.uses_reference else None,
@@ -178,6 +218,9 @@ def _run_step(
         options=step.options,
         target=[plan.target.device, plan.target.precision] if impl.target_dependent else None,
         contract=_contract_key(comp) if impl.uses_contract else None,
+        upstream={n: u.digest for n, u in upstream.items()},
+        extra=impl.key_material(step.options, ctx),
+        seed=plan.recipe.seed,
     )
     record["cache_key"] = key
     entry = cache.get(key)
@@ -187,20 +230,9 @@ def _run_step(
         out_digest = entry.result.get("output_sha256")
     else:
         status = "ran"
-        work = staging / ".work" / comp.name / f"{step.index:02d}-{step.name}"
         out = work / "out"
         out.mkdir(parents=True)
         (work / "scratch").mkdir()
-        ctx = StepContext(
-            component=comp.name,
-            step_index=step.index,
-            target=plan.target,
-            contract=comp.contract,
-            source=comp.source,
-            reference=state.reference,
-            work_dir=work / "scratch",
-            seed=plan.recipe.seed,
-        )
         try:
             result = impl.run(state.model, out, dict(step.options), ctx)
         except WinmlError as exc:
@@ -215,7 +247,9 @@ def _run_step(
         if not isinstance(result, StepResult):
             raise InternalError(f"pass '{step.name}' returned {type(result).__name__}")
         metrics = result.metrics
-        out_model = result.model
+        if result.skipped:
+            metrics = {**metrics, "skipped": result.skipped}
+        out_model = None if result.skipped else result.model
         out_digest = artifact_sha256(out_model) if out_model else None
         stored = cache.put(
             key, out, {"metrics": metrics, "output_sha256": out_digest, "pass": step.name}
@@ -223,6 +257,9 @@ def _run_step(
         if stored is not None and out_model is not None:
             out_model = stored.model
         shutil.rmtree(work / "scratch", ignore_errors=True)
+    if metrics.get("skipped"):
+        status = "skipped"
+        record["reason"] = metrics["skipped"]
     record |= {
         "status": status,
         "wall_seconds": round(time.perf_counter() - started, 4),

@@ -53,6 +53,28 @@ class ModelFacts:
 
 
 @dataclass(frozen=True)
+class UpstreamComponent:
+    """A component built earlier in the same build, seen by the steps that depend on it."""
+
+    name: str
+    model: Path  # its float reference model
+    digest: str
+    contract: IOContract
+    calibration: Mapping[str, Any] | None  # its own calibration options, when it has some
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What a pass may know when its options are checked at plan time."""
+
+    component: str
+    target: Target
+    contract: IOContract
+    recipe_dir: Path
+    components: tuple[str, ...]  # every component of the catalog entry
+
+
+@dataclass(frozen=True)
 class StepContext:
     """What a pass may know about the step it runs in."""
 
@@ -63,7 +85,9 @@ class StepContext:
     source: Source
     reference: Path | None  # the component's float reference model, when one exists
     work_dir: Path  # scratch space, removed after the step
+    recipe_dir: Path = Path(".")
     seed: int = 0
+    upstream: Mapping[str, UpstreamComponent] = field(default_factory=dict)
 
 
 @dataclass
@@ -72,3 +96,4 @@ class StepResult:
 
     model: Path | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    skipped: str | None = None  # set when the pass found nothing to do (the reason)

@@ -1,3 +1,10 @@
 """Built-in passes; importing this package registers them."""
 
-from winml_recipes.passes import export, fix_shapes, normalize, verify  # noqa: F401
+from winml_recipes.passes import (  # noqa: F401
+    export,
+    fix_shapes,
+    fp16,
+    normalize,
+    quantize,
+    verify,
+)

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from winml_recipes.engine.registry import Pass, register
-from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
-from winml_recipes.errors import PassError
+from winml_recipes.engine.types import ModelFacts, PlanContext, StepContext, StepResult
+from winml_recipes.errors import PassError, PlanError
 from winml_recipes.presets import Target
 
 _THRESHOLDS = {
@@ -34,6 +34,12 @@ class VerifyPass(Pass):
             "max_abs": _THRESHOLDS["max_abs"],
             "samples": {"type": "integer", "minimum": 1, "maximum": 64, "default": 2},
             "seed": {"type": "integer", "minimum": 0, "default": 0},
+            "inputs_from": {
+                "type": "string",
+                "description": "Feed the inputs that this component's float model produces "
+                "from that component's float model run on seeded inputs (e.g. the SAM 3 "
+                "decoder verified on real encoder embeddings).",
+            },
             "outputs": {
                 "type": "object",
                 "description": "Per-output thresholds overriding the ones above.",
@@ -51,10 +57,22 @@ class VerifyPass(Pass):
             return "no float reference to compare with (the source is quantized: add dequantize)"
         return None
 
+    def check(self, options: dict[str, Any], ctx: PlanContext) -> None:
+        src = options.get("inputs_from")
+        if src is not None and src not in ctx.components:
+            raise PlanError(
+                f"verify.inputs_from: unknown component '{src}'; "
+                f"components: {', '.join(ctx.components)}"
+            )
+
+    def depends_on(self, options: dict[str, Any]) -> tuple[str, ...]:
+        src = options.get("inputs_from")
+        return (src,) if src else ()
+
     def run(
         self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
     ) -> StepResult:
-        from winml_recipes.onnx.inputs import make_inputs
+        from winml_recipes.feeds import feeds_for, take
         from winml_recipes.onnx.metrics import compare_runs
         from winml_recipes.onnx.runtime import run_model
 
@@ -62,9 +80,13 @@ class VerifyPass(Pass):
         if ctx.reference is None:
             raise PassError("no float reference to compare with")
         contract = ctx.contract
-        feeds = make_inputs(
-            list(contract.inputs), contract.dims, seed=options["seed"], count=options["samples"]
+        # Verification seeds differ from calibration seeds: quality is measured on unseen data.
+        seed = options["seed"] + 7919
+        source = {"inputs_from": options["inputs_from"]} if options.get("inputs_from") else None
+        factory = feeds_for(
+            source, contract, ctx.recipe_dir, ctx.upstream, options["samples"], seed
         )
+        feeds = take(factory, options["samples"])
         reference = run_model(ctx.reference, feeds)
         candidate = run_model(src, feeds)
         _check_output_shapes(candidate[0], ctx)

@@ -1,0 +1,251 @@
+"""Input feeds for calibration and verification, produced one sample at a time.
+
+Sources: synthetic data drawn from the catalog I/O contract (seeded), `.npz` files, a
+folder of images preprocessed as the contract says, or the outputs of another
+component's float model (`inputs_from`: the SAM 3 decoder sees real encoder embeddings).
+Every source is a zero-argument callable returning a fresh iterator, so calibration can
+stream over the samples twice without holding them.
+"""
+
+from __future__ import annotations
+
+import glob
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from winml_recipes.engine.types import UpstreamComponent
+from winml_recipes.errors import PassError, PlanError
+from winml_recipes.specs import IOContract, TensorSpec, resolve_shape
+
+Feed = dict[str, np.ndarray]
+FeedFactory = Callable[[], Iterator[Feed]]
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff"}
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """Independent seed per sample: sample i is the same whatever the sample count."""
+    return seed * 1_000_003 + index
+
+
+def synthetic(contract: IOContract, samples: int, seed: int) -> FeedFactory:
+    from winml_recipes.onnx.inputs import make_inputs
+
+    specs = list(contract.inputs)
+
+    def gen() -> Iterator[Feed]:
+        for i in range(samples):
+            yield make_inputs(specs, contract.dims, seed=sample_seed(seed, i), count=1)[0]
+
+    return gen
+
+
+def _spec_text(spec: TensorSpec, dims: Mapping[str, int]) -> str:
+    return f"{spec.dtype}{list(resolve_shape(spec, dims))}"
+
+
+def npz_files(pattern: str, base: Path) -> list[Path]:
+    full = pattern if Path(pattern).is_absolute() else str(base / pattern)
+    files = sorted(Path(p) for p in glob.glob(full))
+    if not files:
+        raise PlanError(f"calibration.npz: no file matches '{pattern}' (relative to {base})")
+    return files
+
+
+def check_npz(files: list[Path], contract: IOContract) -> int:
+    """Validate every file against the contract; returns the number of samples available."""
+    total = 0
+    for path in files:
+        try:
+            data = np.load(path, allow_pickle=False)
+        except Exception as exc:
+            raise PlanError(f"calibration.npz: cannot read {path}: {exc}") from None
+        with data:
+            n = None
+            for spec in contract.inputs:
+                if spec.name not in data.files:
+                    raise PlanError(
+                        f"calibration.npz: {path.name} has no input '{spec.name}' "
+                        f"(expected {_spec_text(spec, contract.dims)}; it has: "
+                        f"{', '.join(data.files) or 'nothing'})"
+                    )
+                arr = data[spec.name]
+                want = resolve_shape(spec, contract.dims)
+                if arr.dtype != np.dtype(spec.dtype):
+                    raise PlanError(
+                        f"calibration.npz: {path.name}: input '{spec.name}' is {arr.dtype}, "
+                        f"expected {_spec_text(spec, contract.dims)}"
+                    )
+                if _matches(arr.shape, want, spec):
+                    count = 1
+                elif len(arr.shape) == len(want) + 1 and _matches(arr.shape[1:], want, spec):
+                    count = arr.shape[0]
+                else:
+                    raise PlanError(
+                        f"calibration.npz: {path.name}: input '{spec.name}' has shape "
+                        f"{list(arr.shape)}, expected {_spec_text(spec, contract.dims)} "
+                        "(optionally with a leading sample axis)"
+                    )
+                if n is not None and count != n:
+                    raise PlanError(
+                        f"calibration.npz: {path.name}: inputs have different sample counts"
+                    )
+                n = count
+            total += n or 0
+    return total
+
+
+def _matches(got: tuple[int, ...], want: tuple[int, ...], spec: TensorSpec) -> bool:
+    """Static dims must match; named (dynamic) dims may take any value."""
+    if len(got) != len(want):
+        return False
+    return all(
+        isinstance(d, str) or g == w for g, w, d in zip(got, want, spec.shape, strict=True)
+    )
+
+
+def from_npz(files: list[Path], contract: IOContract, samples: int) -> FeedFactory:
+    names = [s.name for s in contract.inputs]
+    static = {s.name: len(resolve_shape(s, contract.dims)) for s in contract.inputs}
+
+    def gen() -> Iterator[Feed]:
+        produced = 0
+        for path in files:
+            with np.load(path, allow_pickle=False) as data:
+                first = data[names[0]]
+                stacked = first.ndim == static[names[0]] + 1
+                count = first.shape[0] if stacked else 1
+                for i in range(count):
+                    if produced >= samples:
+                        return
+                    yield {n: (data[n][i] if stacked else data[n]) for n in names}
+                    produced += 1
+
+    return gen
+
+
+def image_files(folder: str, base: Path) -> list[Path]:
+    path = Path(folder) if Path(folder).is_absolute() else base / folder
+    if not path.is_dir():
+        raise PlanError(f"calibration.images: folder not found: {path}")
+    files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise PlanError(f"calibration.images: no image files in {path}")
+    return files
+
+
+def from_images(files: list[Path], contract: IOContract, samples: int, seed: int) -> FeedFactory:
+    image_inputs = [s for s in contract.inputs if s.image is not None]
+    if len(image_inputs) != 1:
+        raise PlanError(
+            "calibration.images: the catalog contract needs exactly one input with an 'image' "
+            f"preprocessing block (found {len(image_inputs)})"
+        )
+    target = image_inputs[0]
+    others = IOContract(
+        tuple(s for s in contract.inputs if s is not target), contract.outputs, contract.dims
+    )
+    rest = synthetic(others, samples, seed)
+
+    def gen() -> Iterator[Feed]:
+        for path, extra in zip(files[:samples], rest(), strict=False):
+            yield {target.name: preprocess_image(path, target), **extra}
+
+    return gen
+
+
+def preprocess_image(path: Path, spec: TensorSpec) -> np.ndarray:
+    """Decode, resize (bilinear), scale to [0, 1], normalize, lay out, add a batch axis."""
+    from PIL import Image
+
+    assert spec.image is not None
+    pre = spec.image
+    with Image.open(path) as img:
+        rgb = img.convert("RGB").resize((pre.size[1], pre.size[0]), Image.Resampling.BILINEAR)
+    x = np.asarray(rgb, dtype=np.float32) / 255.0
+    x = (x - np.asarray(pre.mean, np.float32)) / np.asarray(pre.std, np.float32)
+    if pre.layout == "NCHW":
+        x = x.transpose(2, 0, 1)
+    return x[None].astype(np.dtype(spec.dtype))
+
+
+def from_upstream(
+    up: UpstreamComponent, up_feeds: FeedFactory, contract: IOContract, samples: int, seed: int
+) -> FeedFactory:
+    """Run the upstream float model sample by sample; its outputs feed inputs of that name."""
+    produced = {s.name for s in up.contract.outputs}
+    fed = [s.name for s in contract.inputs if s.name in produced]
+    if not fed:
+        raise PlanError(
+            f"inputs_from {up.name}: none of its outputs ({', '.join(sorted(produced))}) is an "
+            f"input of this component ({', '.join(s.name for s in contract.inputs)})"
+        )
+    others = IOContract(
+        tuple(s for s in contract.inputs if s.name not in fed), contract.outputs, contract.dims
+    )
+    rest = synthetic(others, samples, seed)
+
+    def gen() -> Iterator[Feed]:
+        from winml_recipes.onnx.runtime import load_session
+
+        session = load_session(up.model)
+        names = [o.name for o in session.get_outputs()]
+        for upstream_feed, extra in zip(up_feeds(), rest(), strict=False):
+            outs = dict(zip(names, session.run(None, upstream_feed), strict=True))
+            yield {**extra, **{n: outs[n] for n in fed}}
+
+    return gen
+
+
+def take(factory: FeedFactory, count: int) -> list[Feed]:
+    out = []
+    for feed in factory():
+        out.append(feed)
+        if len(out) >= count:
+            break
+    if not out:
+        raise PassError("no input samples were produced")
+    return out
+
+
+def feeds_for(
+    options: Mapping[str, Any] | None,
+    contract: IOContract,
+    base: Path,
+    upstream: Mapping[str, UpstreamComponent],
+    samples: int,
+    seed: int,
+) -> FeedFactory:
+    """The feed source described by calibration-style options (npz, images, inputs_from)."""
+    opts = dict(options or {})
+    if opts.get("npz"):
+        files = npz_files(opts["npz"], base)
+        check_npz(files, contract)
+        return from_npz(files, contract, samples)
+    if opts.get("images"):
+        return from_images(image_files(opts["images"], base), contract, samples, seed)
+    if opts.get("inputs_from"):
+        up = upstream[opts["inputs_from"]]
+        if (up.calibration or {}).get("inputs_from"):
+            raise PlanError(
+                f"inputs_from {up.name}: its own calibration uses inputs_from too; chains of "
+                "inputs_from are not supported"
+            )
+        up_feeds = feeds_for(up.calibration, up.contract, base, {}, samples, seed)
+        return from_upstream(up, up_feeds, contract, samples, seed)
+    return synthetic(contract, samples, seed)
+
+
+def data_digest(options: Mapping[str, Any] | None, base: Path) -> dict[str, str]:
+    """Digests of the data files options point to (part of the cache key)."""
+    from winml_recipes.onnx.io import file_sha256
+
+    opts = dict(options or {})
+    files: list[Path] = []
+    if opts.get("npz"):
+        files = npz_files(opts["npz"], base)
+    elif opts.get("images"):
+        files = image_files(opts["images"], base)
+    return {p.name: file_sha256(p) for p in files}

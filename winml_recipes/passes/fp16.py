@@ -1,0 +1,70 @@
+"""fp16: float32 -> float16 weights and compute, with float32 I/O kept by default.
+
+onnxruntime's converter (onnxruntime.transformers.float16) does the work; the block list
+keeps numerically fragile ops in float32 with Casts around them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from winml_recipes.engine.registry import Pass, model_file, register
+from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
+from winml_recipes.presets import Target, precisions_of_kind
+
+
+@register
+class Fp16Pass(Pass):
+    name = "fp16"
+    version = 1
+    summary = "Convert to float16 (float32 inputs/outputs kept; op and node block lists)."
+    precisions = precisions_of_kind("float16")
+    target_dependent = False
+    options_schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "keep_io_types": {"type": "boolean", "default": True},
+            "op_block_list": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "Op types kept in float32 (added to onnxruntime's default list).",
+            },
+            "node_block_list": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "Node names kept in float32.",
+            },
+        },
+    }
+
+    def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
+        if facts.quantized:
+            return f"source already quantized ({facts.quant_summary})"
+        return None
+
+    def run(
+        self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
+    ) -> StepResult:
+        from collections import Counter
+
+        from onnxruntime.transformers.float16 import (
+            DEFAULT_OP_BLOCK_LIST,
+            convert_float_to_float16,
+        )
+
+        from winml_recipes.onnx.io import load_model, save_model
+
+        assert src is not None
+        model = load_model(src)
+        blocked = sorted({*DEFAULT_OP_BLOCK_LIST, *options.get("op_block_list", [])})
+        converted = convert_float_to_float16(
+            model,
+            keep_io_types=options["keep_io_types"],
+            op_block_list=blocked,
+            node_block_list=options.get("node_block_list") or None,
+        )
+        out = save_model(converted, model_file(out_dir))
+        casts = Counter(n.op_type for n in converted.graph.node)["Cast"]
+        return StepResult(out, {"casts": casts, "op_block_list": options.get("op_block_list", [])})

@@ -1,0 +1,219 @@
+"""quantize: static QDQ (real calibration, QNN rules, mixed precision) or dynamic.
+
+The options are the project's one quantization config (winml_recipes.quant.config);
+precision and device presets fill what the recipe leaves out.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from winml_recipes.engine.registry import Pass, model_file, register
+from winml_recipes.engine.types import ModelFacts, PlanContext, StepContext, StepResult
+from winml_recipes.errors import PlanError
+from winml_recipes.presets import Target, precisions_of_kind
+from winml_recipes.quant.config import QUANTIZE_OPTIONS_SCHEMA, QuantConfig, resolve
+
+MATMUL_CONV = ("MatMul", "Conv", "Gemm", "ConvTranspose")
+# Automatic mixed precision scores candidates on samples calibration never saw.
+HELD_OUT_SEED_OFFSET = 104_729
+
+
+@register
+class QuantizePass(Pass):
+    name = "quantize"
+    version = 1
+    summary = "Static (calibrated QDQ, QNN rules, mixed precision) or dynamic quantization."
+    precisions = precisions_of_kind("integer")
+    uses_contract = True
+    options_schema = QUANTIZE_OPTIONS_SCHEMA
+
+    def check(self, options: dict[str, Any], ctx: PlanContext) -> None:
+        cfg = resolve(options, ctx.target)
+        cal = cfg.calibration
+        if cal is not None and cal.inputs_from and cal.inputs_from not in ctx.components:
+            raise PlanError(
+                f"quantize.calibration.inputs_from: unknown component '{cal.inputs_from}'; "
+                f"components: {', '.join(ctx.components)}"
+            )
+        if cal is not None and cal.npz:
+            from winml_recipes.feeds import check_npz, npz_files
+
+            check_npz(npz_files(cal.npz, ctx.recipe_dir), ctx.contract)
+        if cal is not None and cal.images:
+            from winml_recipes.feeds import image_files
+
+            image_files(cal.images, ctx.recipe_dir)
+
+    def depends_on(self, options: dict[str, Any]) -> tuple[str, ...]:
+        src = (options.get("calibration") or {}).get("inputs_from")
+        return (src,) if src else ()
+
+    def calibration_of(self, options: dict[str, Any]) -> dict[str, Any] | None:
+        return dict(options.get("calibration") or {})
+
+    def key_material(self, options: dict[str, Any], ctx: StepContext) -> Any:
+        from winml_recipes.feeds import data_digest
+
+        return data_digest(options.get("calibration"), ctx.recipe_dir)
+
+    def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
+        if facts.quantized:
+            return f"source already quantized ({facts.quant_summary})"
+        return None
+
+    def facts_after(self, facts: ModelFacts, options: dict[str, Any]) -> ModelFacts:
+        return facts.evolve(quantized=True, quant_summary="quantized by this build")
+
+    def run(
+        self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
+    ) -> StepResult:
+        from winml_recipes.onnx.io import load_model
+        from winml_recipes.quant.ort import quantizable_op_types
+
+        assert src is not None
+        cfg = resolve(options, ctx.target)
+        model = load_model(src, load_external_data=False)
+        wanted = set(cfg.op_types) or quantizable_op_types()
+        if not any(n.op_type in wanted for n in model.graph.node):
+            return StepResult(
+                skipped=f"nothing to quantize: no {', '.join(sorted(MATMUL_CONV))}"
+                " or other quantizable nodes"
+            )
+        exclude = _excluded(model, cfg)
+        out = model_file(out_dir)
+        if cfg.mode == "dynamic":
+            return _dynamic(src, out, cfg, exclude)
+        return _static(src, out, cfg, exclude, ctx)
+
+
+def _excluded(model, cfg: QuantConfig) -> list[str]:
+    import fnmatch
+
+    from winml_recipes.errors import PassError
+
+    names = [n.name for n in model.graph.node if n.name]
+    out: list[str] = []
+    for g in cfg.exclude:
+        hits = [n for n in names if fnmatch.fnmatchcase(n, g)]
+        if not hits:
+            raise PassError(f"quantize.exclude: node glob '{g}' matches nothing")
+        out += [h for h in hits if h not in out]
+    return out
+
+
+def _dynamic(src: Path, out: Path, cfg: QuantConfig, exclude: list[str]) -> StepResult:
+    from winml_recipes.onnx.io import load_model
+    from winml_recipes.quant.ort import quantize_dynamic_integer
+    from winml_recipes.quant.report import quantization_report
+
+    started = time.perf_counter()
+    quantize_dynamic_integer(src, out, cfg, exclude)
+    seconds = time.perf_counter() - started
+    report = quantization_report(load_model(src), load_model(out))
+    return StepResult(out, _base_metrics(cfg) | report | {"qdq_insertion_time_seconds": seconds})
+
+
+def _static(
+    src: Path, out: Path, cfg: QuantConfig, exclude: list[str], ctx: StepContext
+) -> StepResult:
+    from winml_recipes.feeds import feeds_for
+    from winml_recipes.onnx.io import load_model
+    from winml_recipes.quant.calibrate import (
+        CalibrationSettings,
+        calibrate,
+        tensors_to_calibrate,
+        write_ort_cache,
+    )
+    from winml_recipes.quant.mixed import compile_regions
+    from winml_recipes.quant.ort import quantize_static_qdq
+    from winml_recipes.quant.report import quantization_report
+
+    cal = cfg.calibration
+    assert cal is not None
+    cal_options = {k: v for k, v in vars(cal).items() if v is not None}
+    feeds = feeds_for(
+        cal_options, ctx.contract, ctx.recipe_dir, ctx.upstream, cal.samples, cal.seed
+    )
+    model = load_model(src)
+    tensors = tensors_to_calibrate(model, list(cfg.op_types) or None)
+    settings = CalibrationSettings(
+        method=cal.method,
+        num_bins=cal.num_bins,
+        num_quantized_bins=_quantized_bins(cfg.activation_type),
+        percentile=cal.percentile,
+        symmetric=cfg.activation_symmetric,
+    )
+    started = time.perf_counter()
+    counted = _Counted(feeds)
+    ranges = calibrate(src, counted, settings, tensors=tensors, work_dir=ctx.work_dir)
+    calibration_seconds = time.perf_counter() - started
+    ranges_path = ctx.work_dir / "ranges.json"
+    write_ort_cache(ranges, ranges_path)
+    overrides, float_nodes = compile_regions(cfg.regions, model, tensors)
+    exclude = [*exclude, *[n for n in float_nodes if n not in exclude]]
+    started = time.perf_counter()
+    quantize_static_qdq(src, out, cfg, ranges_path, overrides, exclude)
+    insertion_seconds = time.perf_counter() - started
+    metrics: dict[str, Any] = {
+        "calibration_method": cal.method,
+        "calibration_source": _source_name(cal_options),
+        "calibration_samples": counted.max_seen,
+        "calibration_time_seconds": round(calibration_seconds, 3),
+        "qdq_insertion_time_seconds": round(insertion_seconds, 3),
+        "tensor_overrides": sorted(overrides),
+        "float_nodes": exclude,
+    }
+    if cfg.auto is not None:
+        from winml_recipes.quant.auto import promote
+
+        held_out = feeds_for(
+            cal_options,
+            ctx.contract,
+            ctx.recipe_dir,
+            ctx.upstream,
+            cfg.auto["samples"],
+            cal.seed + HELD_OUT_SEED_OFFSET,
+        )
+        metrics["mixed_precision_auto"] = promote(
+            src, out, cfg, ranges_path, overrides, exclude, held_out, ctx
+        )
+    report = quantization_report(model, load_model(out))
+    return StepResult(out, _base_metrics(cfg) | report | metrics)
+
+
+class _Counted:
+    """Wraps a feed factory and records how many samples one pass consumed."""
+
+    def __init__(self, factory) -> None:
+        self.factory = factory
+        self.max_seen = 0
+
+    def __call__(self):
+        for seen, feed in enumerate(self.factory(), start=1):
+            self.max_seen = max(self.max_seen, seen)
+            yield feed
+
+
+def _quantized_bins(activation_type: str) -> int:
+    return 128 if activation_type.endswith("8") else 32768
+
+
+def _source_name(cal: dict[str, Any]) -> str:
+    for key in ("npz", "images", "inputs_from"):
+        if cal.get(key):
+            return f"{key}: {cal[key]}"
+    return "synthetic (catalog I/O contract)"
+
+
+def _base_metrics(cfg: QuantConfig) -> dict[str, Any]:
+    return {
+        "mode": cfg.mode,
+        "format": cfg.format,
+        "qnn": cfg.qnn,
+        "activation_type": cfg.activation_type,
+        "weight_type": cfg.weight_type,
+        "per_channel": cfg.per_channel,
+    }

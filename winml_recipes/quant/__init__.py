@@ -1,0 +1,1 @@
+"""Quantization: one config, real calibration, mixed precision."""

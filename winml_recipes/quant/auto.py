@@ -1,0 +1,83 @@
+"""Automatic mixed precision: promote the noisiest activations to 16 bit until a target.
+
+1. Score the baseline quantized model: the lowest output SQNR against the float model, on
+   held-out samples (same source as calibration, other seeds).
+2. Rank its quantized activations by their own quantization noise (SQNR of each tensor
+   before vs after its Q/DQ pair, from onnxruntime's qdq_loss_debug).
+3. Promote the noisiest 1, 2, 4, ... more tensors to 16 bit (ORT's fixer adds the
+   converts), re-quantize and re-score, until the target is met or the budget is spent.
+Each promotion and each round's score goes into the manifest.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from winml_recipes.engine.types import StepContext
+from winml_recipes.quant.config import QuantConfig
+
+
+def _score(
+    src: Path, candidate: Path, feeds: list[dict], reference: list[dict]
+) -> dict[str, float]:
+    from winml_recipes.onnx.metrics import compare_runs
+    from winml_recipes.onnx.runtime import run_model
+
+    metrics = compare_runs(reference, run_model(candidate, feeds))
+    return {name: round(m["sqnr_db"], 3) for name, m in metrics.items()}
+
+
+def promote(
+    src: Path,
+    out: Path,
+    cfg: QuantConfig,
+    ranges_path: Path,
+    overrides: dict[str, list[dict[str, Any]]],
+    exclude: list[str],
+    held_out,
+    ctx: StepContext,
+) -> dict[str, Any]:
+    """Improve `out` in place; returns the record of what was promoted and why."""
+    from winml_recipes.feeds import take
+    from winml_recipes.onnx.runtime import run_model
+    from winml_recipes.quant.mixed import activation_noise
+    from winml_recipes.quant.ort import quantize_static_qdq
+
+    assert cfg.auto is not None
+    target = float(cfg.auto["target_sqnr_db"])
+    budget = int(cfg.auto["max_promoted"])
+    wide = cfg.auto["type"]
+    eval_feeds = take(held_out, int(cfg.auto["samples"]))
+    reference = run_model(src, eval_feeds)
+    scores = _score(src, out, eval_feeds, reference)
+    rounds = [{"promoted": 0, "output_sqnr_db": scores}]
+    record: dict[str, Any] = {"target_sqnr_db": target, "max_promoted": budget, "type": wide}
+    if min(scores.values()) >= target:
+        return record | {"promoted": [], "rounds": rounds, "met": True}
+    noise = activation_noise(out, eval_feeds, ctx.work_dir)
+    candidates = sorted((t for t in noise if t not in overrides), key=lambda t: noise[t])
+    promoted: list[str] = []
+    trial = ctx.work_dir / "promoted.onnx"
+    best_model: Path | None = None
+    step = 1
+    while min(scores.values()) < target and len(promoted) < budget and candidates:
+        k = min(step, budget - len(promoted), len(candidates))
+        promoted += candidates[:k]
+        candidates = candidates[k:]
+        trial_overrides = {**overrides, **{t: [{"quant_type": wide}] for t in promoted}}
+        quantize_static_qdq(src, trial, cfg, ranges_path, trial_overrides, exclude)
+        scores = _score(src, trial, eval_feeds, reference)
+        rounds.append({"promoted": len(promoted), "output_sqnr_db": scores})
+        best_model = trial
+        step *= 2
+    if best_model is not None:
+        shutil.copyfile(best_model, out)
+    return record | {
+        "promoted": [
+            {"tensor": t, "own_sqnr_db_at_8bit": round(noise[t], 2), "to": wide} for t in promoted
+        ],
+        "rounds": rounds,
+        "met": min(scores.values()) >= target,
+    }

@@ -1,0 +1,238 @@
+"""The one quantization config: recipe options + precision and device presets -> QuantConfig.
+
+Every contradiction is refused here, once, at plan time, with a message saying what to
+change. Nothing else in the project builds a quantization configuration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from winml_recipes.errors import PlanError
+from winml_recipes.presets import Target, device_settings, precision_settings
+
+QUANT_TYPES = ["uint8", "int8", "uint16", "int16"]
+CALIBRATION_METHODS = ["minmax", "entropy", "percentile", "distribution"]
+
+CALIBRATION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "description": "Static calibration. Data: synthetic from the catalog I/O contract unless "
+    "one of npz, images or inputs_from is given.",
+    "properties": {
+        "method": {"enum": CALIBRATION_METHODS, "default": "minmax"},
+        "samples": {"type": "integer", "minimum": 1, "maximum": 4096, "default": 16},
+        "seed": {"type": "integer", "minimum": 0, "default": 0},
+        "percentile": {"type": "number", "exclusiveMinimum": 50, "maximum": 100},
+        "num_bins": {"type": "integer", "minimum": 128, "maximum": 65536},
+        "npz": {
+            "type": "string",
+            "description": "A .npz file or a glob of them (relative to the recipe); one sample "
+            "per file, or arrays with a leading sample axis.",
+        },
+        "images": {
+            "type": "string",
+            "description": "A folder of images, preprocessed as the catalog entry says.",
+        },
+        "inputs_from": {
+            "type": "string",
+            "description": "Run this component's float model on its own calibration inputs and "
+            "feed its outputs to the inputs of the same name here.",
+        },
+    },
+}
+
+MIXED_REGION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["type"],
+    "properties": {
+        "tensors": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        "nodes": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        "type": {"enum": [*QUANT_TYPES, "float"]},
+    },
+    "oneOf": [{"required": ["tensors"]}, {"required": ["nodes"]}],
+}
+
+MIXED_AUTO_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["auto"],
+    "properties": {
+        "auto": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["target_sqnr_db"],
+            "properties": {
+                "target_sqnr_db": {"type": "number"},
+                "max_promoted": {"type": "integer", "minimum": 1, "default": 16},
+                "type": {"enum": ["uint16", "int16"], "default": "uint16"},
+                "samples": {"type": "integer", "minimum": 1, "maximum": 64, "default": 4},
+            },
+        }
+    },
+}
+
+QUANTIZE_OPTIONS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "mode": {"enum": ["static", "dynamic"], "default": "static"},
+        "format": {"enum": ["qdq", "qoperator"], "description": "Default: the device preset."},
+        "activation_type": {"enum": QUANT_TYPES, "description": "Default: the precision."},
+        "weight_type": {"enum": QUANT_TYPES, "description": "Default: the precision."},
+        "per_channel": {"type": "boolean", "description": "Default: the device preset."},
+        "activation_symmetric": {"type": "boolean", "default": False},
+        "weight_symmetric": {
+            "type": "boolean",
+            "description": "Default: true for signed weight types.",
+        },
+        "reduce_range": {"type": "boolean", "default": False},
+        "op_types": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "Op types to quantize (default: every type onnxruntime can).",
+        },
+        "exclude": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "Node-name globs left in float.",
+        },
+        "qnn": {
+            "type": "boolean",
+            "description": "Apply QNN execution-provider rules (get_qnn_qdq_config). "
+            "Default: the device preset.",
+        },
+        "calibration": CALIBRATION_SCHEMA,
+        "mixed_precision": {
+            "description": "Regions kept at another precision, or {auto: {...}} to promote the "
+            "most damaging activations to 16 bit until a target SQNR.",
+            "anyOf": [
+                {"type": "array", "items": MIXED_REGION_SCHEMA, "minItems": 1},
+                MIXED_AUTO_SCHEMA,
+            ],
+        },
+    },
+}
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    method: str = "minmax"
+    samples: int = 16
+    seed: int = 0
+    percentile: float = 99.999
+    num_bins: int = 2048
+    npz: str | None = None
+    images: str | None = None
+    inputs_from: str | None = None
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    mode: str
+    format: str
+    activation_type: str
+    weight_type: str
+    per_channel: bool
+    activation_symmetric: bool
+    weight_symmetric: bool
+    reduce_range: bool
+    qnn: bool
+    op_types: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    calibration: CalibrationConfig | None = field(default_factory=CalibrationConfig)
+    regions: tuple[dict[str, Any], ...] = ()
+    auto: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def resolve(options: dict[str, Any], target: Target) -> QuantConfig:
+    """Merge recipe options over the precision and device presets; refuse contradictions."""
+    precision = precision_settings(target.precision)
+    if precision["kind"] != "integer":
+        raise PlanError(
+            f"precision {target.precision} is not an integer precision; quantize applies to "
+            "uint8, int8, w8a16 (use the fp16 pass for fp16)"
+        )
+    device = device_settings(target.device).get("quantize", {})
+    mode = options.get("mode", "static")
+    fmt = options.get("format", device.get("format", "qdq"))
+    qnn_default = device.get("qnn", False) and mode == "static" and fmt == "qdq"
+    qnn = options.get("qnn", qnn_default)
+    weight_type = options.get("weight_type", precision["weight_type"])
+    activation_type = options.get("activation_type", precision["activation_type"])
+    calibration = options.get("calibration")
+    if fmt == "qoperator" and qnn:
+        raise PlanError(
+            "quantize: format qoperator cannot be used with qnn (QNN needs QDQ); "
+            "set format: qdq or qnn: false"
+        )
+    if mode == "dynamic":
+        if calibration is not None:
+            raise PlanError(
+                "quantize: calibration options do nothing in dynamic mode "
+                "(ranges are computed at run time); remove calibration or use "
+                "mode: static"
+            )
+        if qnn:
+            raise PlanError(
+                "quantize: qnn needs mode: static (QNN runs static QDQ models); "
+                "set qnn: false or mode: static"
+            )
+        if options.get("mixed_precision"):
+            raise PlanError("quantize: mixed_precision needs mode: static")
+        if "activation_type" in options and activation_type != "uint8":
+            raise PlanError(
+                "quantize: dynamic mode quantizes activations to uint8 only; remove activation_type"
+            )
+        activation_type = "uint8"
+    if activation_type in ("uint16", "int16") and fmt == "qoperator":
+        raise PlanError("quantize: 16-bit activations need format: qdq")
+    if fmt == "qoperator" and options.get("mixed_precision"):
+        raise PlanError("quantize: mixed_precision needs format: qdq")
+    mixed = options.get("mixed_precision")
+    regions = tuple(mixed) if isinstance(mixed, list) else ()
+    auto = dict(mixed["auto"]) if isinstance(mixed, dict) else None
+    if auto is not None:
+        auto.setdefault("max_promoted", 16)
+        auto.setdefault("type", "uint16")
+        auto.setdefault("samples", 4)
+    cal = None
+    if mode == "static":
+        c = dict(calibration or {})
+        sources = [k for k in ("npz", "images", "inputs_from") if k in c]
+        if len(sources) > 1:
+            raise PlanError(
+                f"quantize.calibration: choose one data source, not {' and '.join(sources)}"
+            )
+        if "percentile" in c and c.get("method", "minmax") != "percentile":
+            raise PlanError("quantize.calibration: percentile is only used by method: percentile")
+        if "num_bins" in c and c.get("method", "minmax") == "minmax":
+            raise PlanError(
+                "quantize.calibration: num_bins is only used by the histogram "
+                "methods (entropy, percentile, distribution)"
+            )
+        cal = CalibrationConfig(**c)
+    weight_symmetric = options.get("weight_symmetric", weight_type.startswith("int"))
+    return QuantConfig(
+        mode=mode,
+        format=fmt,
+        activation_type=activation_type,
+        weight_type=weight_type,
+        per_channel=options.get("per_channel", device.get("per_channel", False)),
+        activation_symmetric=options.get("activation_symmetric", False),
+        weight_symmetric=weight_symmetric,
+        reduce_range=options.get("reduce_range", False),
+        qnn=qnn,
+        op_types=tuple(options.get("op_types", ())),
+        exclude=tuple(options.get("exclude", ())),
+        calibration=cal,
+        regions=regions,
+        auto=auto,
+    )

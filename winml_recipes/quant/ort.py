@@ -1,0 +1,166 @@
+"""Calls into onnxruntime.quantization: the quantizers are ORT's; only the ranges are ours.
+
+Ranges come from winml_recipes.quant.calibrate (streaming, real histograms) and reach
+ORT's QDQ quantizer through quantize_static's `calibration_cache_path`. QNN rules come
+from `get_qnn_qdq_config`; mixed precision goes through ORT's
+`MixedPrecisionTensorQuantOverridesFixer` (by way of get_qnn_qdq_config for QNN), which
+inserts the DQ->Q converts. Nothing here re-implements a quantizer or a fixer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from winml_recipes.quant.config import QuantConfig
+
+QUANT_TYPES = {"uint8": "QUInt8", "int8": "QInt8", "uint16": "QUInt16", "int16": "QInt16"}
+LARGE_MODEL_BYTES = 1 << 30
+
+
+def quant_type(name: str) -> Any:
+    from onnxruntime.quantization import QuantType
+
+    return getattr(QuantType, QUANT_TYPES[name])
+
+
+@contextlib.contextmanager
+def quiet_ort_logging() -> Iterator[None]:
+    """ORT's quantizer logs advice through the root logger; keep the build output clean."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
+def _large(path: Path) -> bool:
+    from winml_recipes.onnx.io import sidecar_paths
+
+    return sum(p.stat().st_size for p in [path, *sidecar_paths(path)]) > LARGE_MODEL_BYTES
+
+
+def quantize_static_qdq(
+    src: Path,
+    out: Path,
+    cfg: QuantConfig,
+    ranges_path: Path,
+    overrides: dict[str, list[dict[str, Any]]],
+    exclude: list[str],
+) -> None:
+    """Static quantization with precomputed ranges (QDQ or QOperator, QNN rules optional)."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_static
+
+    op_types = list(cfg.op_types) or None
+    if cfg.qnn:
+        from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+        with quiet_ort_logging():
+            qcfg = get_qnn_qdq_config(
+                str(src),
+                None,
+                activation_type=quant_type(cfg.activation_type),
+                weight_type=quant_type(cfg.weight_type),
+                per_channel=cfg.per_channel,
+                init_overrides=_typed(overrides) or None,
+                activation_symmetric=cfg.activation_symmetric,
+                weight_symmetric=cfg.weight_symmetric,
+                op_types_to_quantize=op_types,
+                nodes_to_exclude=exclude or None,
+            )
+        args = {
+            "quant_format": qcfg.quant_format,
+            "op_types_to_quantize": qcfg.op_types_to_quantize,
+            "per_channel": qcfg.per_channel,
+            "reduce_range": cfg.reduce_range,
+            "activation_type": qcfg.activation_type,
+            "weight_type": qcfg.weight_type,
+            "nodes_to_quantize": qcfg.nodes_to_quantize,
+            "nodes_to_exclude": qcfg.nodes_to_exclude,
+            "extra_options": qcfg.extra_options,
+        }
+    else:
+        extra: dict[str, Any] = {
+            "ActivationSymmetric": cfg.activation_symmetric,
+            "WeightSymmetric": cfg.weight_symmetric,
+        }
+        if overrides:
+            extra["TensorQuantOverrides"] = fixed_overrides(src, overrides, cfg)
+        args = {
+            "quant_format": QuantFormat.QDQ if cfg.format == "qdq" else QuantFormat.QOperator,
+            "op_types_to_quantize": op_types,
+            "per_channel": cfg.per_channel,
+            "reduce_range": cfg.reduce_range,
+            "activation_type": quant_type(cfg.activation_type),
+            "weight_type": quant_type(cfg.weight_type),
+            "nodes_to_exclude": exclude or None,
+            "extra_options": extra,
+        }
+    with quiet_ort_logging():
+        quantize_static(
+            str(src),
+            str(out),
+            calibration_data_reader=None,
+            calibrate_method=CalibrationMethod.MinMax,
+            calibration_cache_path=str(ranges_path),
+            use_external_data_format=_large(src),
+            **args,
+        )
+
+
+def _typed(overrides: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """Overrides with type names replaced by ORT QuantType values."""
+    out = {}
+    for tensor, entries in overrides.items():
+        out[tensor] = [
+            {k: (quant_type(v) if k == "quant_type" else v) for k, v in e.items()} for e in entries
+        ]
+    return out
+
+
+def fixed_overrides(
+    src: Path, overrides: dict[str, list[dict[str, Any]]], cfg: QuantConfig
+) -> dict[str, Any]:
+    """Non-QNN path: ORT's fixer adds the converts a mixed-precision override needs."""
+    from onnxruntime.quantization.execution_providers.qnn.mixed_precision_overrides_utils import (
+        MixedPrecisionTensorQuantOverridesFixer,
+    )
+    from onnxruntime.quantization.tensor_quant_overrides import TensorQuantOverridesHelper
+
+    from winml_recipes.onnx.io import load_model
+
+    helper = TensorQuantOverridesHelper(_typed(overrides))
+    default = quant_type(cfg.activation_type)
+    fixer = MixedPrecisionTensorQuantOverridesFixer.create_from_model(
+        helper, load_model(src, load_external_data=False), default
+    )
+    fixer.apply(default, cfg.activation_symmetric)
+    return helper.get_dict()
+
+
+def quantize_dynamic_integer(src: Path, out: Path, cfg: QuantConfig, exclude: list[str]) -> None:
+    from onnxruntime.quantization import quantize_dynamic
+
+    with quiet_ort_logging():
+        quantize_dynamic(
+            str(src),
+            str(out),
+            op_types_to_quantize=list(cfg.op_types) or None,
+            per_channel=cfg.per_channel,
+            reduce_range=cfg.reduce_range,
+            weight_type=quant_type(cfg.weight_type),
+            nodes_to_exclude=exclude or None,
+            use_external_data_format=_large(src),
+            extra_options={"WeightSymmetric": cfg.weight_symmetric},
+        )
+
+
+def quantizable_op_types() -> set[str]:
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+    return set(QDQRegistry) | set(QLinearOpsRegistry)
