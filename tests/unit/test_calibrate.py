@@ -179,6 +179,16 @@ def test_ranges_include_zero_and_symmetric(mlp_path: Path) -> None:
     assert sym["r"][0] < 0  # a one-sided tensor gets the mirrored range
 
 
+@pytest.mark.parametrize("method", ["minmax", "entropy", "percentile", "distribution"])
+def test_positive_tensors_start_at_zero(scale_path: Path, method: str) -> None:
+    rng = np.random.default_rng(0)
+    samples = [rng.uniform(0.5, 1.0, (4, 256)).astype(np.float32) for _ in range(3)]
+    ranges = calibrate(scale_path, _heavy_feeds(samples), CalibrationSettings(method=method))
+    for name, floor in (("x", 0.5), ("y", 1.0), ("z", 2.0)):
+        assert ranges[name][0] == 0.0, name  # as ORT's quantizer does: 0 is representable
+        assert ranges[name][1] > floor, name
+
+
 def test_tensors_argument_and_non_float_tensor(mlp_path: Path) -> None:
     ranges = calibrate(mlp_path, mlp_feeds(), CalibrationSettings(), tensors=["m"])
     assert list(ranges) == ["m"]

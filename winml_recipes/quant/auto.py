@@ -2,9 +2,11 @@
 
 1. Score the baseline quantized model: the lowest output SQNR against the float model, on
    held-out samples (same source as calibration, other seeds).
-2. Rank its quantized activations by their own quantization noise (SQNR of each tensor
-   before vs after its Q/DQ pair, from onnxruntime's qdq_loss_debug).
-3. Promote the noisiest 1, 2, 4, ... more tensors to 16 bit (ORT's fixer adds the
+2. Rank its quantized activations by the damage each does alone: the output SQNR with only
+   that activation quantized (winml_recipes.quant.mixed.quantization_damage). A tensor's
+   own noise is a poor guide: SAM's prompt encoder turns tiny coordinate errors into large
+   mask errors through sin/cos features, while its own SQNR looks fine.
+3. Promote the most damaging 1, 2, 4, ... more tensors to 16 bit (ORT's fixer adds the
    converts), re-quantize and re-score, until the target is met or the budget is spent.
 Each promotion and each round's score goes into the manifest.
 """
@@ -42,7 +44,7 @@ def promote(
     """Improve `out` in place; returns the record of what was promoted and why."""
     from winml_recipes.feeds import take
     from winml_recipes.onnx.runtime import run_model
-    from winml_recipes.quant.mixed import activation_noise
+    from winml_recipes.quant.mixed import quantization_damage
     from winml_recipes.quant.ort import quantize_static_qdq
 
     assert cfg.auto is not None
@@ -56,8 +58,9 @@ def promote(
     record: dict[str, Any] = {"target_sqnr_db": target, "max_promoted": budget, "type": wide}
     if min(scores.values()) >= target:
         return record | {"promoted": [], "rounds": rounds, "met": True}
-    noise = activation_noise(out, eval_feeds, ctx.work_dir)
-    candidates = sorted((t for t in noise if t not in overrides), key=lambda t: noise[t])
+    weights_only, damage = quantization_damage(out, src, eval_feeds, reference, ctx.work_dir)
+    record["output_sqnr_db_weights_only"] = round(weights_only, 2)
+    candidates = sorted((t for t in damage if t not in overrides), key=lambda t: damage[t])
     promoted: list[str] = []
     trial = ctx.work_dir / "promoted.onnx"
     best_model: Path | None = None
@@ -76,7 +79,12 @@ def promote(
         shutil.copyfile(best_model, out)
     return record | {
         "promoted": [
-            {"tensor": t, "own_sqnr_db_at_8bit": round(noise[t], 2), "to": wide} for t in promoted
+            {
+                "tensor": t,
+                "to": wide,
+                "output_sqnr_db_if_only_this_is_quantized": round(damage[t], 2),
+            }
+            for t in promoted
         ],
         "rounds": rounds,
         "met": min(scores.values()) >= target,

@@ -1,9 +1,9 @@
 """Mixed precision: declarative regions -> TensorQuantOverrides, and automatic promotion.
 
-Regions name activation tensors or nodes by glob. Automatic promotion measures each
-quantized activation's own quantization noise (onnxruntime's qdq_loss_debug helpers),
-promotes the noisiest to 16 bit, and re-measures the outputs, until a target SQNR or a
-promotion budget is reached.
+Regions name activation tensors or nodes by glob. Automatic promotion measures, for each
+quantized activation, the output damage its quantization alone does, promotes the most
+damaging to 16 bit, and re-measures the outputs, until a target SQNR or a promotion
+budget is reached.
 """
 
 from __future__ import annotations
@@ -58,44 +58,108 @@ def compile_regions(
     return overrides, float_nodes
 
 
-def activation_noise(
-    qdq_model: Path, feeds: list[dict[str, Any]], work_dir: Path
-) -> dict[str, float]:
-    """SQNR (dB) of each quantized activation against its own value before Q/DQ.
+GATE_PREFIX = "winml_gate_"
+RENAMED_SUFFIX = "_QuantizeLinear_Input"  # ORT's name for a quantized graph output
 
-    onnxruntime's qdq_loss_debug matches tensors by the `_QuantizeLinear_Input` naming of
-    its own debug exports, which the QDQ models written by quantize_static do not carry, so
-    the pairs are read from the graph here: every QuantizeLinear on an activation X and a
-    DequantizeLinear of its output Y; both become graph outputs and SQNR(X, Y) is measured.
-    """
-    from winml_recipes.onnx.io import load_model, save_model
-    from winml_recipes.onnx.metrics import compare_runs
-    from winml_recipes.onnx.runtime import run_model
 
-    model = load_model(qdq_model)
+def _activation_pairs(model: onnx.ModelProto) -> dict[str, str]:
+    """Quantized activation tensor -> the DequantizeLinear output its consumers read."""
     initializers = {t.name for t in model.graph.initializer}
     dq_of = {n.input[0]: n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
-    pairs = {
+    return {
         n.input[0]: dq_of[n.output[0]]
         for n in model.graph.node
         if n.op_type == "QuantizeLinear" and n.input[0] not in initializers and n.output[0] in dq_of
     }
-    # A zero point at the bottom of the integer range means rmin = 0: ORT folded a Relu (or
-    # the tensor is non-negative anyway), so max(X, 0) is what the pair should reproduce.
-    values = {t.name: t for t in model.graph.initializer}
-    relu_like = set()
-    for n in model.graph.node:
-        if n.op_type == "QuantizeLinear" and n.input[0] in pairs and len(n.input) > 2:
-            zp = values.get(n.input[2])
-            if zp is not None:
-                arr = onnx.numpy_helper.to_array(zp)
-                if arr.size and (arr == np.iinfo(arr.dtype).min).all():
-                    relu_like.add(n.input[0])
-    existing = {o.name for o in model.graph.output}
-    for name in sorted({*pairs, *pairs.values()} - existing):
-        model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-    augmented = save_model(model, work_dir / "noise_probe.onnx")
-    runs = run_model(augmented, feeds)
-    before = [{x: np.maximum(r[x], 0) if x in relu_like else r[x] for x in pairs} for r in runs]
-    after = [{x: r[y] for x, y in pairs.items()} for r in runs]
-    return {name: float(m["sqnr_db"]) for name, m in compare_runs(before, after).items()}
+
+
+def quantization_damage(
+    qdq_model: Path,
+    float_model: Path,
+    feeds: list[dict[str, Any]],
+    reference: list[dict[str, Any]],
+    work_dir: Path,
+) -> tuple[float, dict[str, float]]:
+    """Output SQNR (dB, worst output) when ONLY this activation is quantized.
+
+    Each activation's Q/DQ pair is gated: consumers read T + g * (DQ(Q(T)) - T), with g a
+    scalar input. With every gate at 0 the model computes in float; opening one gate at a
+    time measures the damage that tensor's quantization alone does to the outputs, in one
+    onnxruntime session. (A tensor's own noise says little: SAM's prompt encoder turns a
+    small error in the point coordinates into a large one through sin/cos features.)
+    """
+
+    from winml_recipes.onnx.io import load_model, save_model
+    from winml_recipes.onnx.metrics import compare_runs
+    from winml_recipes.onnx.runtime import load_session
+
+    model = load_model(qdq_model)
+    pairs = _activation_pairs(model)
+    float_graph = load_model(float_model, load_external_data=False).graph
+    float_producer = {o: n for n in float_graph.node for o in n.output}
+    gates: dict[str, str] = {}
+    new_nodes = []
+    producers = {o: n for n in model.graph.node for o in n.output}
+    for i, (tensor, dq_out) in enumerate(sorted(pairs.items())):
+        gate, raw = f"{GATE_PREFIX}{i}", f"{dq_out}_ungated"
+        gates[tensor] = gate
+        dq = producers[dq_out]
+        dq.output[0] = raw  # consumers (and graph outputs) keep reading `dq_out`
+        model.graph.input.append(
+            onnx.helper.make_tensor_value_info(gate, onnx.TensorProto.FLOAT, [])
+        )
+        # ORT folds a Relu or Clip into the Q/DQ pair and gives its output name to the tensor
+        # before it: the float path re-applies that activation.
+        exact = tensor
+        folded = float_producer.get(tensor.removesuffix(RENAMED_SUFFIX))
+        if (
+            folded is not None
+            and folded.op_type in ("Relu", "Clip")
+            and producers.get(tensor)
+            and producers[tensor].op_type != folded.op_type
+        ):
+            exact = f"{raw}_float"
+            new_nodes.append(
+                onnx.helper.make_node(folded.op_type, [tensor, *folded.input[1:]], [exact])
+            )
+        new_nodes += [
+            onnx.helper.make_node("Sub", [raw, exact], [f"{raw}_d"]),
+            onnx.helper.make_node("Mul", [f"{raw}_d", gate], [f"{raw}_m"]),
+            onnx.helper.make_node("Add", [exact, f"{raw}_m"], [dq_out]),
+        ]
+    model.graph.node.extend(new_nodes)
+    _toposort(model.graph)
+    session = load_session(save_model(model, work_dir / "gated.onnx"))
+    names = [o.name for o in session.get_outputs()]
+    closed = {g: np.array(0.0, np.float32) for g in gates.values()}
+    opened = np.array(1.0, np.float32)
+
+    def worst_sqnr(open_gate: str | None) -> float:
+        runs = []
+        for feed in feeds:
+            gates_now = closed if open_gate is None else {**closed, open_gate: opened}
+            runs.append(dict(zip(names, session.run(None, {**feed, **gates_now}), strict=True)))
+        return min(m["sqnr_db"] for m in compare_runs(reference, runs).values())
+
+    damage = {t.removesuffix(RENAMED_SUFFIX): worst_sqnr(g) for t, g in gates.items()}
+    return worst_sqnr(None), damage
+
+
+def _toposort(graph: onnx.GraphProto) -> None:
+    """Order nodes so every input is produced before use (gating appends nodes at the end)."""
+    available = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    pending = list(graph.node)
+    ordered = []
+    while pending:
+        rest = []
+        for node in pending:
+            if all(i in available for i in node.input):
+                ordered.append(node)
+                available.update(node.output)
+            else:
+                rest.append(node)
+        if len(rest) == len(pending):
+            raise PassError("cannot order the gated graph (a cycle or a missing input)")
+        pending = rest
+    del graph.node[:]
+    graph.node.extend(ordered)
