@@ -54,3 +54,33 @@ def build(
         reporter=reporter,
         wait_seconds=wait_seconds,
     )
+
+
+def build_onnx(
+    model: Path | str,
+    *,
+    device: str,
+    precision: str | None = None,
+    shapes: dict[str, tuple[int, ...]] | None = None,
+    **kwargs: Any,
+) -> BuildResult:
+    """Build a local ONNX file from the presets, without writing a recipe.
+
+    A catalog entry and a recipe are generated into a temporary directory and built
+    through the same loader, validator and engine as any recipe.
+    """
+    import tempfile
+
+    from winml_recipes.authoring import write_adhoc_project
+    from winml_recipes.errors import SourceError
+    from winml_recipes.presets import default_precision, resolve_target
+
+    model = Path(model)
+    if not model.is_file():
+        raise SourceError("file not found; check the path", where=str(model))
+    precision = precision or default_precision(device)
+    resolve_target(device, precision)
+    with tempfile.TemporaryDirectory(prefix="winml-adhoc-") as tmp:
+        recipe = write_adhoc_project(model, Path(tmp), device, precision, shapes or {})
+        return build(recipe, device=device, precision=precision,
+                     catalog_dir=Path(tmp) / "catalog", **kwargs)  # fmt: skip

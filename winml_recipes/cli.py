@@ -142,6 +142,19 @@ def plan(recipe, device, precision, defines, catalog_dir, as_json) -> None:
     help="Seconds to wait for another build of the same output.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest(s) as JSON.")
+@click.option(
+    "--onnx",
+    "onnx_file",
+    type=click.Path(path_type=Path),
+    help="Build this ONNX file from the presets instead of a recipe (needs --device).",
+)
+@click.option(
+    "--shape",
+    "shapes",
+    multiple=True,
+    metavar="NAME=DxD...",
+    help="With --onnx: an input's shape, e.g. pixel_values=1x3x224x224 (repeatable).",
+)
 def build(
     recipe,
     device,
@@ -153,13 +166,46 @@ def build(
     output_root,
     wait_seconds,
     as_json,
+    onnx_file,
+    shapes,
 ) -> None:
-    """Build a recipe for one target (default: its first) or --all-targets."""
+    """Build a recipe for one target (default: its first) or --all-targets.
+
+    Or build any local ONNX file from the presets: build --onnx model.onnx --device npu.
+    """
     from winml_recipes import api
     from winml_recipes.errors import RecipeError
 
+    if onnx_file is not None:
+        from winml_recipes.authoring import parse_shapes
+
+        if recipe is not None or all_targets or defines or catalog_dir:
+            raise RecipeError(
+                "--onnx builds from the presets: drop RECIPE, --all-targets, -D and --catalog"
+            )
+        if not device:
+            raise RecipeError("--onnx needs --device (cpu, gpu, npu)")
+        reporter = _reporter(as_json)
+        with reporter:
+            result = api.build_onnx(
+                onnx_file,
+                device=device,
+                precision=precision,
+                shapes=parse_shapes(shapes),
+                output_root=output_root,
+                use_cache=not no_cache,
+                reporter=reporter,
+                wait_seconds=wait_seconds,
+            )
+        if as_json:
+            _echo_json(result.manifest)
+        else:
+            _print_summary(result)
+        return
+    if shapes:
+        raise RecipeError("--shape is only for --onnx; recipes take shapes from the catalog")
     if recipe is None:
-        raise RecipeError("missing RECIPE (e.g. recipes/sam3-tiny.yaml)")
+        raise RecipeError("missing RECIPE (e.g. recipes/sam3-tiny.yaml) or --onnx FILE")
     kwargs = _load_kwargs(device, precision, defines, catalog_dir)
     if all_targets:
         if device or precision:

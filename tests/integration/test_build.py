@@ -8,7 +8,7 @@ import jsonschema
 import numpy as np
 import onnx
 
-from tests.conftest import REPO, RECIPES, cli_subprocess
+from tests.conftest import RECIPES, REPO, cli_subprocess
 from winml_recipes import api
 
 
@@ -95,7 +95,9 @@ def test_cli_build_json_and_plan(tiny_build, tmp_path) -> None:
     assert done.returncode == 0, done.stderr
     manifest = json.loads(done.stdout)
     assert manifest["target"] == {"device": "cpu", "precision": "fp32"}
-    plan = cli_subprocess("plan", RECIPES / "sam3-tiny.yaml", "--device", "npu", "--json")
+    plan = cli_subprocess(
+        "plan", RECIPES / "sam3-tiny.yaml", "--device", "npu", "--precision", "fp32", "--json"
+    )
     assert plan.returncode == 0, plan.stderr
     steps = json.loads(plan.stdout)["components"]["vision_encoder"]["steps"]
     assert [s["pass"] for s in steps] == ["export", "normalize", "fix_shapes", "verify"]

@@ -6,7 +6,7 @@ import json
 
 import jsonschema
 
-from tests.conftest import CATALOG, REPO, RECIPES
+from tests.conftest import CATALOG, RECIPES, REPO
 from winml_recipes import schemas
 from winml_recipes.engine.registry import all_passes
 
