@@ -2,6 +2,8 @@
 
 - sam3-tiny: cold build (empty cache) vs fully cached rebuild; the rebuild must not import
   torch and should take under 10% of the cold build.
+- calibration memory (bench/calibration_memory.py): peak RSS calibrating the sam3-tiny
+  vision encoder with 8 and with 32 samples; the ratio must stay at or below 1.2.
 
 Run with `make bench`. Prints a table and writes bench/out/results.json.
 """
@@ -72,7 +74,12 @@ def main() -> int:
     print(f"cached rebuild imports torch: {r['cached_imports_torch']}")
     ok &= r["ratio"] < r["target_ratio_below"] and not r["cached_imports_torch"]
     print("PASS" if ok else "FAIL")
-    return 0 if ok else 1
+    print()
+    sys.path.insert(0, str(REPO / "bench"))
+    import calibration_memory
+
+    memory_ok = calibration_memory.main() == 0
+    return 0 if ok and memory_ok else 1
 
 
 if __name__ == "__main__":

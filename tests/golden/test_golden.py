@@ -44,4 +44,21 @@ def test_graph_digest(recipe, device, precision, tmp_path, data_regression) -> N
         name: yaml.safe_load((path.parent / "graph.yaml").read_text())
         for name, path in sorted(result.models.items())
     }
+    for name, comp in result.manifest["components"].items():
+        digests[name]["quality"] = _quality(comp["steps"])
     data_regression.check(digests)
+
+
+def _quality(steps: list[dict]) -> dict:
+    """Verify SQNR per output (0.1 dB) and the quantized share of MatMul/Conv nodes."""
+    out: dict = {}
+    for step in steps:
+        metrics = step.get("metrics", {})
+        if step["pass"] == "verify":
+            out["sqnr_db"] = {k: round(v["sqnr_db"], 1) for k, v in metrics["outputs"].items()}
+        if step["pass"] == "quantize" and "matmul_conv_quantized_fraction" in metrics:
+            out["matmul_conv_quantized_fraction"] = metrics["matmul_conv_quantized_fraction"]
+            auto = metrics.get("mixed_precision_auto")
+            if auto:
+                out["promoted_to_16bit"] = [p["tensor"] for p in auto["promoted"]]
+    return out

@@ -186,16 +186,24 @@ def resolve(options: dict[str, Any], target: Target) -> QuantConfig:
                 "set qnn: false or mode: static"
             )
         if options.get("mixed_precision"):
-            raise PlanError("quantize: mixed_precision needs mode: static")
+            raise PlanError(
+                "quantize: mixed_precision needs mode: static; remove mixed_precision or "
+                "use mode: static"
+            )
         if "activation_type" in options and activation_type != "uint8":
             raise PlanError(
                 "quantize: dynamic mode quantizes activations to uint8 only; remove activation_type"
             )
         activation_type = "uint8"
     if activation_type in ("uint16", "int16") and fmt == "qoperator":
-        raise PlanError("quantize: 16-bit activations need format: qdq")
+        raise PlanError(
+            f"quantize: {activation_type} activations need format: qdq; set format: qdq "
+            "or an 8-bit activation_type"
+        )
     if fmt == "qoperator" and options.get("mixed_precision"):
-        raise PlanError("quantize: mixed_precision needs format: qdq")
+        raise PlanError(
+            "quantize: mixed_precision needs format: qdq; set format: qdq or remove mixed_precision"
+        )
     mixed = options.get("mixed_precision")
     regions = tuple(mixed) if isinstance(mixed, list) else ()
     auto = dict(mixed["auto"]) if isinstance(mixed, dict) else None
@@ -209,14 +217,18 @@ def resolve(options: dict[str, Any], target: Target) -> QuantConfig:
         sources = [k for k in ("npz", "images", "inputs_from") if k in c]
         if len(sources) > 1:
             raise PlanError(
-                f"quantize.calibration: choose one data source, not {' and '.join(sources)}"
+                f"quantize.calibration: {' and '.join(sources)} are two data sources; "
+                "keep one of them"
             )
         if "percentile" in c and c.get("method", "minmax") != "percentile":
-            raise PlanError("quantize.calibration: percentile is only used by method: percentile")
+            raise PlanError(
+                "quantize.calibration: percentile is only used by method: percentile; "
+                "set method: percentile or remove percentile"
+            )
         if "num_bins" in c and c.get("method", "minmax") == "minmax":
             raise PlanError(
                 "quantize.calibration: num_bins is only used by the histogram "
-                "methods (entropy, percentile, distribution)"
+                "methods; set method: entropy, percentile or distribution, or remove num_bins"
             )
         cal = CalibrationConfig(**c)
     weight_symmetric = options.get("weight_symmetric", weight_type.startswith("int"))

@@ -1,0 +1,265 @@
+"""The one quantization config: presets fill what the recipe leaves out; contradictions are
+refused at plan time with a message that says what to change."""
+
+from __future__ import annotations
+
+import jsonschema
+import pytest
+
+from winml_recipes.errors import PlanError
+from winml_recipes.presets import Target, default_precision, devices, precisions
+from winml_recipes.quant.config import (
+    QUANTIZE_OPTIONS_SCHEMA,
+    CalibrationConfig,
+    QuantConfig,
+    resolve,
+)
+
+
+def cfg(device: str, precision: str, **options) -> QuantConfig:
+    return resolve(options, Target(device, precision))
+
+
+def refused(device: str, precision: str, **options) -> str:
+    with pytest.raises(PlanError) as exc:
+        cfg(device, precision, **options)
+    assert exc.value.exit_code == 2
+    text = str(exc.value)
+    assert "\n" not in text
+    return text
+
+
+# --------------------------------------------------------------------------- presets
+
+
+@pytest.mark.parametrize(
+    ("precision", "activation", "weight"),
+    [("uint8", "uint8", "uint8"), ("int8", "int8", "int8"), ("w8a16", "uint16", "uint8")],
+)
+@pytest.mark.parametrize("device", ["cpu", "npu", "gpu"])
+def test_precision_sets_the_types(device, precision, activation, weight) -> None:
+    c = cfg(device, precision)
+    assert (c.activation_type, c.weight_type) == (activation, weight)
+
+
+def test_npu_preset_is_static_qdq_with_qnn_rules() -> None:
+    c = cfg("npu", "uint8")
+    assert (c.mode, c.format, c.qnn, c.per_channel) == ("static", "qdq", True, False)
+    assert c.calibration == CalibrationConfig()
+    assert (c.calibration.method, c.calibration.samples, c.calibration.seed) == ("minmax", 16, 0)
+
+
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_cpu_and_gpu_presets_have_no_qnn_rules(device) -> None:
+    c = cfg(device, "int8")
+    assert (c.mode, c.format, c.qnn, c.per_channel) == ("static", "qdq", False, True)
+
+
+def test_device_default_precisions() -> None:
+    assert default_precision("npu") == "w8a16"
+    assert default_precision("cpu") == "int8"
+    assert default_precision("gpu") == "fp16"
+
+
+def test_weight_symmetry_follows_the_weight_type() -> None:
+    assert cfg("cpu", "int8").weight_symmetric is True
+    assert cfg("cpu", "uint8").weight_symmetric is False
+    assert cfg("cpu", "uint8", weight_symmetric=True).weight_symmetric is True
+    assert cfg("cpu", "int8", weight_symmetric=False).weight_symmetric is False
+
+
+def test_recipe_options_override_the_presets() -> None:
+    c = cfg(
+        "npu",
+        "uint8",
+        activation_type="uint16",
+        per_channel=True,
+        qnn=False,
+        op_types=["MatMul"],
+        exclude=["mm*"],
+        calibration={"method": "entropy", "samples": 3, "seed": 7, "num_bins": 512},
+    )
+    assert (c.activation_type, c.weight_type, c.per_channel, c.qnn) == (
+        "uint16",
+        "uint8",
+        True,
+        False,
+    )
+    assert (c.op_types, c.exclude) == (("MatMul",), ("mm*",))
+    assert c.calibration == CalibrationConfig(method="entropy", samples=3, seed=7, num_bins=512)
+
+
+def test_dynamic_mode_has_no_calibration_and_uint8_activations() -> None:
+    c = cfg("cpu", "int8", mode="dynamic")
+    assert (c.mode, c.calibration, c.activation_type, c.weight_type) == (
+        "dynamic",
+        None,
+        "uint8",
+        "int8",
+    )
+    # On npu the QNN default drops out for dynamic mode (QNN only runs static QDQ).
+    assert cfg("npu", "uint8", mode="dynamic").qnn is False
+
+
+def test_auto_mixed_precision_defaults_are_filled() -> None:
+    c = cfg("npu", "uint8", mixed_precision={"auto": {"target_sqnr_db": 20}})
+    assert c.auto == {"target_sqnr_db": 20, "max_promoted": 16, "type": "uint16", "samples": 4}
+    assert c.regions == ()
+    regions = [{"tensors": ["h*"], "type": "uint16"}, {"nodes": ["mm2"], "type": "float"}]
+    c = cfg("npu", "uint8", mixed_precision=regions)
+    assert c.regions == tuple(regions) and c.auto is None
+
+
+def test_to_dict_is_plain_data() -> None:
+    d = cfg("cpu", "int8", calibration={"npz": "data/*.npz"}).to_dict()
+    assert d["calibration"]["npz"] == "data/*.npz"
+    assert d["calibration"]["method"] == "minmax"
+    assert d["activation_type"] == "int8"
+
+
+# --------------------------------------------------------------------------- never a default
+
+
+def test_unknown_precision_is_an_error() -> None:
+    text = refused("cpu", "int4")
+    assert text == f"unknown precision 'int4' (did you mean 'int8'?); known: {', '.join(precisions())}"
+
+
+def test_unknown_device_is_an_error() -> None:
+    text = refused("tpu", "uint8")
+    assert text == f"unknown device 'tpu' (did you mean 'npu'?); known: {', '.join(devices())}"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_float_precision_is_not_quantized(precision) -> None:
+    assert refused("cpu", precision) == (
+        f"precision {precision} is not an integer precision; quantize applies to uint8, int8, "
+        "w8a16 (use the fp16 pass for fp16)"
+    )
+
+
+# --------------------------------------------------------------------------- contradictions
+
+CONTRADICTIONS = [
+    pytest.param(
+        "npu",
+        {"format": "qoperator", "qnn": True},
+        "quantize: format qoperator cannot be used with qnn (QNN needs QDQ); "
+        "set format: qdq or qnn: false",
+        id="qoperator-with-qnn",
+    ),
+    pytest.param(
+        "cpu",
+        {"mode": "dynamic", "calibration": {"samples": 4}},
+        "quantize: calibration options do nothing in dynamic mode (ranges are computed at run "
+        "time); remove calibration or use mode: static",
+        id="calibration-in-dynamic-mode",
+    ),
+    pytest.param(
+        "npu",
+        {"mode": "dynamic", "qnn": True},
+        "quantize: qnn needs mode: static (QNN runs static QDQ models); set qnn: false or "
+        "mode: static",
+        id="qnn-in-dynamic-mode",
+    ),
+    pytest.param(
+        "cpu",
+        {"mode": "dynamic", "mixed_precision": [{"tensors": ["h"], "type": "uint16"}]},
+        "quantize: mixed_precision needs mode: static; remove mixed_precision or use mode: static",
+        id="mixed-in-dynamic-mode",
+    ),
+    pytest.param(
+        "cpu",
+        {"mode": "dynamic", "activation_type": "int8"},
+        "quantize: dynamic mode quantizes activations to uint8 only; remove activation_type",
+        id="dynamic-int8-activations",
+    ),
+    pytest.param(
+        "cpu",
+        {"format": "qoperator", "activation_type": "uint16"},
+        "quantize: uint16 activations need format: qdq; set format: qdq or an 8-bit "
+        "activation_type",
+        id="16-bit-qoperator",
+    ),
+    pytest.param(
+        "cpu",
+        {"format": "qoperator", "mixed_precision": [{"nodes": ["mm2"], "type": "float"}]},
+        "quantize: mixed_precision needs format: qdq; set format: qdq or remove mixed_precision",
+        id="mixed-with-qoperator",
+    ),
+    pytest.param(
+        "cpu",
+        {"calibration": {"percentile": 99.9}},
+        "quantize.calibration: percentile is only used by method: percentile; set method: "
+        "percentile or remove percentile",
+        id="percentile-without-method",
+    ),
+    pytest.param(
+        "cpu",
+        {"calibration": {"method": "entropy", "percentile": 99.9}},
+        "quantize.calibration: percentile is only used by method: percentile; set method: "
+        "percentile or remove percentile",
+        id="percentile-with-entropy",
+    ),
+    pytest.param(
+        "cpu",
+        {"calibration": {"num_bins": 512}},
+        "quantize.calibration: num_bins is only used by the histogram methods; set method: "
+        "entropy, percentile or distribution, or remove num_bins",
+        id="num-bins-with-minmax",
+    ),
+    pytest.param(
+        "cpu",
+        {"calibration": {"npz": "a.npz", "inputs_from": "encoder"}},
+        "quantize.calibration: npz and inputs_from are two data sources; keep one of them",
+        id="two-calibration-sources",
+    ),
+    pytest.param(
+        "cpu",
+        {"calibration": {"images": "imgs", "npz": "a.npz"}},
+        "quantize.calibration: npz and images are two data sources; keep one of them",
+        id="npz-and-images",
+    ),
+]
+
+
+@pytest.mark.parametrize(("device", "options", "message"), CONTRADICTIONS)
+def test_contradiction_is_refused_with_what_to_change(device, options, message) -> None:
+    assert refused(device, "uint8", **options) == message
+
+
+def test_percentile_with_method_percentile_is_accepted() -> None:
+    c = cfg("cpu", "uint8", calibration={"method": "percentile", "percentile": 99.0})
+    assert (c.calibration.method, c.calibration.percentile) == ("percentile", 99.0)
+
+
+def test_qoperator_is_accepted_off_qnn() -> None:
+    c = cfg("cpu", "int8", format="qoperator")
+    assert (c.format, c.qnn) == ("qoperator", False)
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def _valid(options: dict) -> bool:
+    try:
+        jsonschema.validate(options, QUANTIZE_OPTIONS_SCHEMA)
+    except jsonschema.ValidationError:
+        return False
+    return True
+
+
+def test_schema_accepts_and_rejects() -> None:
+    assert _valid({"mixed_precision": [{"tensors": ["a*"], "type": "uint16"}]})
+    assert _valid({"mixed_precision": {"auto": {"target_sqnr_db": 20}}})
+    # a region names tensors or nodes, not both, not neither
+    assert not _valid(
+        {"mixed_precision": [{"tensors": ["a"], "nodes": ["b"], "type": "uint16"}]}
+    )
+    assert not _valid({"mixed_precision": [{"type": "uint16"}]})
+    assert not _valid({"mixed_precision": {"auto": {}}})
+    assert not _valid({"calibration": {"method": "kl"}})
+    assert not _valid({"calibration": {"samples": 0}})
+    assert not _valid({"calibration": {"percentile": 40}})
+    assert not _valid({"activation_type": "int4"})
+    assert not _valid({"calibrate": {}})
