@@ -101,9 +101,7 @@ def _matches(got: tuple[int, ...], want: tuple[int, ...], spec: TensorSpec) -> b
     """Static dims must match; named (dynamic) dims may take any value."""
     if len(got) != len(want):
         return False
-    return all(
-        isinstance(d, str) or g == w for g, w, d in zip(got, want, spec.shape, strict=True)
-    )
+    return all(isinstance(d, str) or g == w for g, w, d in zip(got, want, spec.shape, strict=True))
 
 
 def from_npz(files: list[Path], contract: IOContract, samples: int) -> FeedFactory:

@@ -46,6 +46,7 @@ class Pass(ABC):
 
     def check(self, options: dict[str, Any], ctx: PlanContext) -> None:
         """Refuse contradictory options at plan time (raise PlanError saying what to change)."""
+        return None
 
     def depends_on(self, options: dict[str, Any]) -> tuple[str, ...]:
         """Components whose float model this step reads (they are built first)."""

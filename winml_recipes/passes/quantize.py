@@ -90,18 +90,9 @@ class QuantizePass(Pass):
 
 
 def _excluded(model, cfg: QuantConfig) -> list[str]:
-    import fnmatch
+    from winml_recipes.quant.mixed import match_nodes
 
-    from winml_recipes.errors import PassError
-
-    names = [n.name for n in model.graph.node if n.name]
-    out: list[str] = []
-    for g in cfg.exclude:
-        hits = [n for n in names if fnmatch.fnmatchcase(n, g)]
-        if not hits:
-            raise PassError(f"quantize.exclude: node glob '{g}' matches nothing")
-        out += [h for h in hits if h not in out]
-    return out
+    return match_nodes(cfg.exclude, model, "quantize.exclude") if cfg.exclude else []
 
 
 def _dynamic(src: Path, out: Path, cfg: QuantConfig, exclude: list[str]) -> StepResult:

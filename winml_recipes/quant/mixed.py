@@ -25,7 +25,31 @@ def _match(globs: Sequence[str], names: Iterable[str], what: str) -> list[str]:
     for g in globs:
         hits = [n for n in names if fnmatch.fnmatchcase(n, g)]
         if not hits:
-            raise PassError(f"mixed_precision: {what} glob '{g}' matches nothing")
+            raise PassError(f"mixed_precision: {what} glob '{g}' matches no activation")
+        out += [h for h in hits if h not in out]
+    return out
+
+
+def match_nodes(globs: Sequence[str], model: onnx.ModelProto, what: str) -> list[str]:
+    """Node names matching any glob, by node name or by the name of a weight it reads.
+
+    Exported graphs often name nodes generically (node_MatMul_12) while weights keep the
+    module path (mask_decoder.iou_head.proj_out.weight), so both are matched.
+    """
+    initializers = {t.name for t in model.graph.initializer}
+    out: list[str] = []
+    for g in globs:
+        hits = [
+            n.name
+            for n in model.graph.node
+            if n.name
+            and (
+                fnmatch.fnmatchcase(n.name, g)
+                or any(i in initializers and fnmatch.fnmatchcase(i, g) for i in n.input)
+            )
+        ]
+        if not hits:
+            raise PassError(f"{what}: node glob '{g}' matches no node name or weight name")
         out += [h for h in hits if h not in out]
     return out
 
@@ -36,13 +60,12 @@ def compile_regions(
     """Regions -> (TensorQuantOverrides with type names, node names kept in float)."""
     overrides: dict[str, list[dict[str, Any]]] = {}
     float_nodes: list[str] = []
-    node_names = [n.name for n in model.graph.node if n.name]
     acts = set(activations)
     for region in regions:
         if "tensors" in region:
             tensors = _match(region["tensors"], activations, "tensor")
         else:
-            nodes = _match(region["nodes"], node_names, "node")
+            nodes = match_nodes(region["nodes"], model, "mixed_precision")
             if region["type"] == "float":
                 float_nodes += [n for n in nodes if n not in float_nodes]
                 continue
