@@ -354,14 +354,85 @@ def schema(name, write, directory) -> None:
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True)
 def inspect(model, as_json) -> None:
-    """Describe an ONNX file: I/O, opsets, ops, quantization (no inference run)."""
+    """Describe an ONNX file: quantization, I/O, opsets, ops (no inference run)."""
+    import yaml
+
     from winml_recipes.onnx.digest import graph_digest
     from winml_recipes.onnx.io import load_model
+    from winml_recipes.onnx.quant import detect_quantization
 
-    digest = graph_digest(load_model(model, load_external_data=False), base_dir=model.parent)
+    proto = load_model(model, load_external_data=False)
+    digest = graph_digest(proto, base_dir=model.parent)
     if as_json:
         _echo_json(digest)
         return
-    import yaml
-
+    quant = detect_quantization(proto)
+    click.echo(f"{model}: " + (f"quantized ({quant.describe()})" if quant.quantized else "float"))
     click.echo(yaml.safe_dump(digest, sort_keys=False).rstrip())
+
+
+EXIT_NEEDS_REWRITE = 3
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option(
+    "-o", "--output", type=click.Path(path_type=Path), help="Where to write the float model."
+)
+@click.option(
+    "--check",
+    is_flag=True,
+    help=f"Write nothing; exit 0 when already float, {EXIT_NEEDS_REWRITE} when rewrites are needed.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def dequantize(model, output, check, as_json) -> None:
+    """Rewrite a quantized ONNX model (QDQ, QOperator, dynamic, MatMulNBits) into float."""
+    from winml_recipes.errors import RecipeError
+    from winml_recipes.onnx.io import load_model, save_model
+    from winml_recipes.quant.dequantize import dequantize_model
+
+    if not check and output is None:
+        raise RecipeError("dequantize needs -o OUT.onnx (or --check to only report)")
+    if output is not None and check:
+        raise RecipeError("--check writes nothing: drop -o")
+    if output is not None and output.resolve() == model.resolve():
+        raise RecipeError("-o must differ from the input model")
+    float_model, report = dequantize_model(load_model(model))
+    if as_json:
+        _echo_json({"model": str(model), **report.to_dict(), "summary": report.describe()})
+    else:
+        click.echo(f"{model}: {report.describe()}")
+    if check:
+        sys.exit(EXIT_NEEDS_REWRITE if report.changed else 0)
+    if report.changed:
+        save_model(float_model, output)
+        if not as_json:
+            click.echo(f"wrote {output}")
+
+
+@main.command()
+@click.argument("model_ref")
+@click.option("--name", help="Entry and recipe name (default: the file name).")
+@click.option(
+    "--catalog",
+    "catalog_dir",
+    default="catalog",
+    type=click.Path(path_type=Path),
+    show_default=True,
+)
+@click.option(
+    "--recipes",
+    "recipes_dir",
+    default="recipes",
+    type=click.Path(path_type=Path),
+    show_default=True,
+)
+def init(model_ref, name, catalog_dir, recipes_dir) -> None:
+    """Write a starting catalog entry and recipe for a local or Hub ONNX file (never overwrites)."""
+    from winml_recipes.authoring import init_project
+
+    catalog_path, recipe_path = init_project(
+        model_ref, name=name, catalog_dir=catalog_dir, recipes_dir=recipes_dir
+    )
+    click.echo(f"wrote {catalog_path}\nwrote {recipe_path}")
+    click.echo(f"next: winml-recipes validate {recipe_path}")

@@ -1,0 +1,46 @@
+"""dequantize: a post-training-quantized graph back to a plain float graph.
+
+The rewrite itself lives in winml_recipes.quant.dequantize (also behind the
+`winml-recipes dequantize` command); this pass plugs it into recipes, so that
+`[dequantize, normalize, quantize]` requantizes a published int8 model for a target.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from winml_recipes.engine.registry import Pass, model_file, register
+from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
+from winml_recipes.presets import Target
+
+
+@register
+class DequantizePass(Pass):
+    name = "dequantize"
+    version = 1
+    summary = "Rewrite a quantized graph (QDQ, QOperator, dynamic, MatMulNBits) into float."
+    target_dependent = False
+    # The dequantized model is the best float reference a quantized source has.
+    produces_reference = True
+
+    def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
+        if facts.is_onnx and not facts.quantized:
+            return "already float: nothing to dequantize"
+        return None
+
+    def facts_after(self, facts: ModelFacts, options: dict[str, Any]) -> ModelFacts:
+        return facts.evolve(quantized=False, quant_summary="", normalized=False, has_reference=True)
+
+    def run(
+        self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
+    ) -> StepResult:
+        from winml_recipes.onnx.io import load_model, save_model
+        from winml_recipes.quant.dequantize import dequantize_model
+
+        assert src is not None
+        model, report = dequantize_model(load_model(src))
+        if not report.changed:
+            return StepResult(skipped=report.describe())
+        out = save_model(model, model_file(out_dir))
+        return StepResult(out, {"summary": report.describe(), **report.to_dict()})
