@@ -382,7 +382,7 @@ EXIT_NEEDS_REWRITE = 3
 @click.option(
     "--check",
     is_flag=True,
-    help=f"Write nothing; exit 0 when already float, {EXIT_NEEDS_REWRITE} when rewrites are needed.",
+    help=f"Write nothing; exit 0 if already float, {EXIT_NEEDS_REWRITE} if rewrites are needed.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def dequantize(model, output, check, as_json) -> None:

@@ -1,4 +1,4 @@
-"""Passes on real models: normalize runs once, fix_shapes, verify thresholds, plugins, auto export."""
+"""Passes on real models: normalize once, fix_shapes, verify thresholds, plugins, auto export."""
 
 from __future__ import annotations
 

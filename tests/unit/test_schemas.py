@@ -14,7 +14,8 @@ from winml_recipes.engine.registry import all_passes
 def test_committed_schemas_are_fresh() -> None:
     for name in schemas.SCHEMAS:
         committed = (REPO / "schemas" / f"{name}.schema.json").read_text()
-        assert committed == schemas.render(name), f"schemas/{name}.schema.json is stale: make schema"
+        stale = f"schemas/{name}.schema.json is stale: run make schema"
+        assert committed == schemas.render(name), stale
 
 
 def test_schemas_are_valid_2020_12() -> None:
@@ -24,11 +25,10 @@ def test_schemas_are_valid_2020_12() -> None:
 
 def _objects_without_closed_properties(node, path="$"):
     if isinstance(node, dict):
-        if node.get("type") == "object" or (
-            isinstance(node.get("type"), list) and "object" in node["type"]
-        ):
-            if "properties" in node and node.get("additionalProperties") is not False:
-                yield path
+        kind = node.get("type")
+        is_object = kind == "object" or (isinstance(kind, list) and "object" in kind)
+        if is_object and "properties" in node and node.get("additionalProperties") is not False:
+            yield path
         for key, value in node.items():
             yield from _objects_without_closed_properties(value, f"{path}.{key}")
     elif isinstance(node, list):

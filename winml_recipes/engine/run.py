@@ -136,7 +136,7 @@ def _build_component(
     final_dir.mkdir(parents=True)
     final_model = model_file(final_dir)
     _copy_model(state.model, final_model)
-    digest = _write_graph_digest(final_model, final_dir / GRAPH_DIGEST)
+    _write_graph_digest(final_model, final_dir / GRAPH_DIGEST)
     files = [
         {"path": f"{comp.name}/{p.name}", "size_bytes": p.stat().st_size, "sha256": _sha(p)}
         for p in sorted(final_dir.iterdir())
@@ -148,7 +148,6 @@ def _build_component(
         "sha256": artifact_sha256(final_model),
         "files": files,
     }
-    del digest
     upstream = None
     if state.reference is not None and state.reference_digest is not None:
         calibration = next(
@@ -294,13 +293,11 @@ def _copy_model(src: Path, dst: Path) -> None:
         shutil.copy2(side, target)
 
 
-def _write_graph_digest(model_path: Path, out: Path) -> dict[str, Any]:
+def _write_graph_digest(model_path: Path, out: Path) -> None:
     from winml_recipes.onnx.digest import graph_digest
     from winml_recipes.onnx.io import load_model
 
-    digest = graph_digest(load_model(model_path))
-    out.write_text(yaml.safe_dump(digest, sort_keys=False))
-    return digest
+    out.write_text(yaml.safe_dump(graph_digest(load_model(model_path)), sort_keys=False))
 
 
 def _manifest(plan: Plan, components: dict[str, Any], wall: float) -> dict[str, Any]:
