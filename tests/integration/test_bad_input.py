@@ -253,7 +253,7 @@ def test_unused_define(proj: Project) -> None:
 def test_missing_recipe(proj: Project) -> None:
     path = proj.root / "recipes" / "nope.yaml"
     assert build_error(proj, path) == f"{path}: recipe not found"
-    assert user_error("build") == "missing RECIPE (e.g. recipes/sam3-tiny.yaml)"
+    assert user_error("build") == "missing RECIPE (e.g. recipes/sam3-tiny.yaml) or --onnx FILE"
 
 
 # --- bad sources --------------------------------------------------------------------------------

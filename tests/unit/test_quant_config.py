@@ -122,7 +122,9 @@ def test_to_dict_is_plain_data() -> None:
 
 def test_unknown_precision_is_an_error() -> None:
     text = refused("cpu", "int4")
-    assert text == f"unknown precision 'int4' (did you mean 'int8'?); known: {', '.join(precisions())}"
+    assert (
+        text == f"unknown precision 'int4' (did you mean 'int8'?); known: {', '.join(precisions())}"
+    )
 
 
 def test_unknown_device_is_an_error() -> None:
@@ -253,9 +255,7 @@ def test_schema_accepts_and_rejects() -> None:
     assert _valid({"mixed_precision": [{"tensors": ["a*"], "type": "uint16"}]})
     assert _valid({"mixed_precision": {"auto": {"target_sqnr_db": 20}}})
     # a region names tensors or nodes, not both, not neither
-    assert not _valid(
-        {"mixed_precision": [{"tensors": ["a"], "nodes": ["b"], "type": "uint16"}]}
-    )
+    assert not _valid({"mixed_precision": [{"tensors": ["a"], "nodes": ["b"], "type": "uint16"}]})
     assert not _valid({"mixed_precision": [{"type": "uint16"}]})
     assert not _valid({"mixed_precision": {"auto": {}}})
     assert not _valid({"calibration": {"method": "kl"}})

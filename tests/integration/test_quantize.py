@@ -1,0 +1,1054 @@
+"""The quantize and fp16 passes on real (tiny) models, end to end through the engine and CLI.
+
+Models are built here with onnx.helper (fixed seeds); sam3-tiny is exported once per session
+(the session cache keeps the export) and quantized for npu/uint8, npu/w8a16 and cpu/int8.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.conftest import MLP_CATALOG, RECIPES, cli, make_mlp_onnx
+from winml_recipes import api
+from winml_recipes.engine.cache import RESULT_FILE
+
+F = TensorProto.FLOAT
+QDQ = ("QuantizeLinear", "DequantizeLinear")
+ALL_TARGETS = """\
+targets:
+  - {device: cpu, precision: uint8}
+  - {device: cpu, precision: int8}
+  - {device: npu, precision: uint8}
+  - {device: npu, precision: w8a16}
+  - {device: cpu, precision: fp16}
+"""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _save(model: onnx.ModelProto, path: Path) -> Path:
+    onnx.save(model, str(path))
+    return path
+
+
+def _model(nodes, inputs, outputs, inits=()) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def conv_model(seed: int = 0) -> onnx.ModelProto:
+    """x[batch,3,8,8] -> Conv(4, 3x3, pad 1) -> Relu -> Conv(2, 3x3, pad 1) -> y[batch,2,8,8]."""
+    rng = np.random.default_rng(seed)
+    inits = {
+        "w1": rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3,
+        "b1": rng.standard_normal(4).astype(np.float32) * 0.1,
+        "w2": rng.standard_normal((2, 4, 3, 3)).astype(np.float32) * 0.3,
+        "b2": rng.standard_normal(2).astype(np.float32) * 0.1,
+    }
+    pads = [1, 1, 1, 1]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=pads),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], name="conv2", pads=pads),
+    ]
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("x", F, ["batch", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", F, ["batch", 2, 8, 8])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+
+
+def heavy_model(seed: int = 0) -> onnx.ModelProto:
+    """x[batch,64] -> Tan -> t -> MatMul -> y: with x near +-pi/2, `t` is heavy-tailed."""
+    w = np.random.default_rng(seed).standard_normal((64, 8)).astype(np.float32)
+    nodes = [
+        helper.make_node("Tan", ["x"], ["t"], name="tan"),
+        helper.make_node("MatMul", ["t", "w"], ["y"], name="mm"),
+    ]
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("x", F, ["batch", 64])],
+        [helper.make_tensor_value_info("y", F, ["batch", 8])],
+        [numpy_helper.from_array(w, "w")],
+    )
+
+
+def flat_model() -> onnx.ModelProto:
+    """Identity, Exp, Tanh, Neg: nothing onnxruntime quantizes."""
+    nodes = [
+        helper.make_node("Identity", ["x"], ["a"], name="id"),
+        helper.make_node("Exp", ["a"], ["b"], name="exp"),
+        helper.make_node("Tanh", ["b"], ["c"], name="tanh"),
+        helper.make_node("Neg", ["c"], ["y"], name="neg"),
+    ]
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("x", F, ["batch", 4])],
+        [helper.make_tensor_value_info("y", F, ["batch", 4])],
+    )
+
+
+def scale_model(factor: float, out: str = "h") -> onnx.ModelProto:
+    """x[batch,4] -> Mul factor -> `out` (an encoder whose outputs are far from [-1, 1])."""
+    return _model(
+        [helper.make_node("Mul", ["x", "k"], [out], name="scale")],
+        [helper.make_tensor_value_info("x", F, ["batch", 4])],
+        [helper.make_tensor_value_info(out, F, ["batch", 4])],
+        [numpy_helper.from_array(np.array(factor, np.float32), "k")],
+    )
+
+
+def head_model(inp: str = "h", seed: int = 1) -> onnx.ModelProto:
+    """`inp`[batch,4] -> MatMul -> y[batch,3]."""
+    w = np.random.default_rng(seed).standard_normal((4, 3)).astype(np.float32)
+    return _model(
+        [helper.make_node("MatMul", [inp, "w"], ["y"], name="head_mm")],
+        [helper.make_tensor_value_info(inp, F, ["batch", 4])],
+        [helper.make_tensor_value_info("y", F, ["batch", 3])],
+        [numpy_helper.from_array(w, "w")],
+    )
+
+
+CONV_CATALOG = """\
+schema_version: 1
+name: conv
+task: image-feature-extraction
+license: mit
+components:
+  model:
+    source: {ref: ./conv.onnx}
+    dims: {batch: 1}
+    inputs:
+      x:
+        dtype: float32
+        shape: [batch, 3, 8, 8]
+        range: [-1.0, 1.0]
+        image: {size: 8, mean: [0.5, 0.5, 0.5], std: [0.5, 0.5, 0.5]}
+    outputs:
+      y: {shape: [batch, 2, 8, 8]}
+"""
+
+SIMPLE_CATALOG = """\
+schema_version: 1
+name: {name}
+task: feature-extraction
+license: mit
+components:
+  model:
+    source: {{ref: ./{name}.onnx}}
+    dims: {{batch: {batch}}}
+    inputs:
+      x: {{dtype: float32, shape: [batch, {width}], range: [{low}, {high}]}}
+    outputs:
+      y: {{shape: [batch, {out}]}}
+"""
+
+CHAIN_CATALOG = """\
+schema_version: 1
+name: chain
+task: feature-extraction
+license: mit
+components:
+  enc:
+    source: {ref: ./enc.onnx}
+    dims: {batch: 2}
+    inputs:
+      x: {dtype: float32, shape: [batch, 4], range: [-1.0, 1.0]}
+    outputs:
+      h: {shape: [batch, 4]}
+  dec:
+    source: {ref: ./dec.onnx}
+    dims: {batch: 2}
+    inputs:
+      h: {dtype: float32, shape: [batch, 4], range: [-1.0, 1.0]}
+    outputs:
+      y: {shape: [batch, 3]}
+"""
+
+
+class Project:
+    """tmp/catalog with the test models, tmp/recipes, an output root and (optionally) a cache."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.catalog = root / "catalog"
+        self.recipes = root / "recipes"
+        self.out = root / "out"
+        self.cache = root / "cache"
+        self.catalog.mkdir(parents=True, exist_ok=True)
+        self.recipes.mkdir(exist_ok=True)
+        make_mlp_onnx(self.catalog / "mlp.onnx")
+        (self.catalog / "mlp.yaml").write_text(MLP_CATALOG.format(ref="./mlp.onnx"))
+        _save(conv_model(), self.catalog / "conv.onnx")
+        (self.catalog / "conv.yaml").write_text(CONV_CATALOG)
+        _save(heavy_model(), self.catalog / "heavy.onnx")
+        (self.catalog / "heavy.yaml").write_text(
+            SIMPLE_CATALOG.format(name="heavy", batch=16, width=64, low=-1.565, high=1.565, out=8)
+        )
+        _save(flat_model(), self.catalog / "flat.onnx")
+        (self.catalog / "flat.yaml").write_text(
+            SIMPLE_CATALOG.format(name="flat", batch=2, width=4, low=-1.0, high=1.0, out=4)
+        )
+        _save(scale_model(20.0), self.catalog / "enc.onnx")
+        _save(head_model(), self.catalog / "dec.onnx")
+        (self.catalog / "chain.yaml").write_text(CHAIN_CATALOG)
+
+    def recipe(self, model: str, body: str, name: str = "r", targets: str = ALL_TARGETS) -> Path:
+        path = self.recipes / f"{name}.yaml"
+        text = f"schema_version: 1\nname: {name}\nmodel: {model}\n{targets}"
+        path.write_text(text + textwrap.dedent(body))
+        return path
+
+    def build(self, recipe: Path, device: str, precision: str, **kwargs):
+        return api.build(recipe, device=device, precision=precision, output_root=self.out, **kwargs)
+
+
+@pytest.fixture
+def proj(tmp_path: Path) -> Project:
+    return Project(tmp_path)
+
+
+@pytest.fixture
+def isolated(proj: Project, monkeypatch: pytest.MonkeyPatch) -> Project:
+    """A project whose builds use a cache of their own (to check nothing is stored)."""
+    monkeypatch.setenv("WINML_RECIPES_CACHE", str(proj.cache))
+    return proj
+
+
+@pytest.fixture(scope="module")
+def mproj(tmp_path_factory: pytest.TempPathFactory) -> Project:
+    return Project(tmp_path_factory.mktemp("quant-project"))
+
+
+def steps_of(result, component: str = "model") -> dict[str, dict]:
+    return {s["pass"]: s for s in result.manifest["components"][component]["steps"]}
+
+
+def qmetrics(result, component: str = "model") -> dict:
+    return steps_of(result, component)["quantize"]["metrics"]
+
+
+def load(result, component: str = "model") -> onnx.ModelProto:
+    return onnx.load(str(result.models[component]))
+
+
+def inits_of(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+def q_of(model: onnx.ModelProto, tensor: str) -> onnx.NodeProto:
+    """The QuantizeLinear reading `tensor`."""
+    hits = [n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == tensor]
+    assert len(hits) == 1, (tensor, [n.input[0] for n in model.graph.node if n.op_type in QDQ])
+    return hits[0]
+
+
+def scale_of(model: onnx.ModelProto, tensor: str) -> float:
+    return float(inits_of(model)[q_of(model, tensor).input[1]])
+
+
+def zp_type(model: onnx.ModelProto, node: onnx.NodeProto) -> np.dtype:
+    return inits_of(model)[node.input[2]].dtype
+
+
+def ops(model: onnx.ModelProto) -> Counter:
+    return Counter(n.op_type for n in model.graph.node)
+
+
+def producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    return {o: n for n in model.graph.node for o in n.output}
+
+
+def user_error(*args) -> str:
+    """Run the CLI: exit 2, exactly one `error: ` line on stderr; returns the message."""
+    result = cli(*args)
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0][len("error: ") :]
+
+
+def quantize_entries(cache: Path) -> list[Path]:
+    return [
+        p for p in cache.rglob(RESULT_FILE) if json.loads(p.read_text()).get("pass") == "quantize"
+    ]
+
+
+def assert_plan_error_wrote_nothing(p: Project, recipe: Path, *args: str) -> str:
+    """`build` fails at plan time: same message from `plan`; no output root, empty cache."""
+    message = user_error("build", recipe, "-o", p.out, *args)
+    assert user_error("plan", recipe, *args) == message
+    assert not p.out.exists(), sorted(p.out.rglob("*"))
+    assert not p.cache.exists() or not any(p.cache.rglob("*"))
+    return message
+
+
+def assert_run_error_wrote_nothing(p: Project, recipe: Path, device: str, precision: str) -> str:
+    """`build` fails while running: no target output, nothing but a lock file under the output
+    root, and no quantize result in the cache."""
+    message = user_error("build", recipe, "-o", p.out, "--device", device, "--precision", precision)
+    assert not (p.out / recipe.stem / f"{device}-{precision}").exists()
+    leftovers = [f for f in p.out.rglob("*") if f.is_file() and not f.name.endswith(".lock")]
+    assert leftovers == []
+    assert quantize_entries(p.cache) == []
+    return message
+
+
+# --------------------------------------------------------------------------- 1. contradictions
+
+PLAN_CONTRADICTIONS = [
+    pytest.param(
+        "npu",
+        "uint8",
+        "  - quantize: {format: qoperator, qnn: true}\n",
+        "quantize: format qoperator cannot be used with qnn (QNN needs QDQ); set format: qdq "
+        "or qnn: false",
+        id="qoperator-with-qnn",
+    ),
+    pytest.param(
+        "cpu",
+        "int8",
+        "  - quantize: {mode: dynamic, calibration: {samples: 4}}\n",
+        "quantize: calibration options do nothing in dynamic mode (ranges are computed at run "
+        "time); remove calibration or use mode: static",
+        id="calibration-in-dynamic-mode",
+    ),
+    pytest.param(
+        "cpu",
+        "uint8",
+        "  - quantize: {calibration: {percentile: 99.9}}\n",
+        "quantize.calibration: percentile is only used by method: percentile; set method: "
+        "percentile or remove percentile",
+        id="percentile-without-method",
+    ),
+    pytest.param(
+        "cpu",
+        "uint8",
+        "  - quantize: {calibration: {npz: 'data/*.npz', images: imgs}}\n",
+        "quantize.calibration: npz and images are two data sources; keep one of them",
+        id="two-calibration-sources",
+    ),
+    pytest.param(
+        "cpu",
+        "uint8",
+        "  - quantize\n  - quantize: {calibration: {samples: 4}}\n",
+        "model: two quantize steps; keep one (one component is quantized once)",
+        id="two-quantize-steps",
+    ),
+]
+
+
+@pytest.mark.parametrize(("device", "precision", "steps", "message"), PLAN_CONTRADICTIONS)
+def test_contradiction_is_a_plan_error(isolated, device, precision, steps, message) -> None:
+    recipe = isolated.recipe("mlp", "steps:\n" + steps)
+    got = assert_plan_error_wrote_nothing(
+        isolated, recipe, "--device", device, "--precision", precision
+    )
+    assert got.startswith(f"{recipe}:"), got  # FILE:LINE of the offending step
+    assert got.split(": ", 1)[1] == message
+
+
+def test_quantize_on_quantized_source_needs_dequantize(isolated) -> None:
+    from onnxruntime.quantization import quantize_dynamic
+
+    p = isolated
+    quantize_dynamic(str(p.catalog / "mlp.onnx"), str(p.catalog / "mlp_q.onnx"))
+    (p.catalog / "mlp.yaml").write_text(MLP_CATALOG.format(ref="./mlp_q.onnx"))
+    recipe = p.recipe("mlp", "steps: [quantize, verify]\n")
+    message = assert_plan_error_wrote_nothing(p, recipe, "--device", "cpu", "--precision", "int8")
+    assert message.startswith(f"{recipe}:10: model: quantize on an already-quantized model (")
+    assert "MatMulInteger" in message
+    assert message.endswith("; add a dequantize step before it")
+
+
+# --------------------------------------------------------------------------- 2. static / dynamic
+
+
+@pytest.fixture(scope="module")
+def mlp_builds(mproj: Project) -> dict[tuple[str, str], object]:
+    recipe = mproj.recipe(
+        "mlp",
+        """\
+        steps:
+          - quantize: {calibration: {samples: 5}}
+          - verify: {min_sqnr_db: 15, min_cosine: 0.98}
+        """,
+        name="mlp-static",
+    )
+    targets = [("npu", "uint8"), ("cpu", "int8"), ("npu", "w8a16"), ("cpu", "uint8")]
+    return {t: mproj.build(recipe, *t) for t in targets}
+
+
+def _check_static_metrics(result, model: onnx.ModelProto, samples: int) -> None:
+    m = qmetrics(result)
+    prod = producers(model)
+    fed = Counter(
+        n.op_type
+        for n in model.graph.node
+        if n.op_type not in QDQ
+        and n.input
+        and prod.get(n.input[0], None) is not None
+        and prod[n.input[0]].op_type == "DequantizeLinear"
+    )
+    assert m["nodes_quantized_by_op"] == dict(fed)
+    assert m["nodes_quantized"] == sum(fed.values()) > 0
+    compute = [n for n in model.graph.node if n.op_type in ("MatMul", "Conv")]
+    for n in compute:  # activation and weight both dequantized
+        assert [prod[i].op_type for i in n.input[:2]] == ["DequantizeLinear"] * 2, n.name
+    assert m["matmul_conv_total"] == len(compute) == m["matmul_conv_quantized"]
+    assert m["matmul_conv_quantized_fraction"] == 1.0
+    assert m["quantize_linear_inserted"] == ops(model)["QuantizeLinear"] > 0
+    assert m["dequantize_linear_inserted"] == ops(model)["DequantizeLinear"]
+    assert m["calibration_method"] == "minmax"
+    assert m["calibration_source"] == "synthetic (catalog I/O contract)"
+    assert m["calibration_samples"] == samples
+    for key in ("calibration_time_seconds", "qdq_insertion_time_seconds"):
+        assert isinstance(m[key], float) and 0.0 <= m[key] < 60.0, key
+    assert steps_of(result)["verify"]["status"] == "ran"
+
+
+@pytest.mark.parametrize(
+    ("target", "act", "weight", "qnn"),
+    [
+        (("npu", "uint8"), np.uint8, np.uint8, True),
+        (("cpu", "int8"), np.int8, np.int8, False),
+        (("npu", "w8a16"), np.uint16, np.uint8, True),
+        (("cpu", "uint8"), np.uint8, np.uint8, False),
+    ],
+    ids=lambda v: "-".join(v) if isinstance(v, tuple) else None,
+)
+def test_static_mlp(mlp_builds, target, act, weight, qnn) -> None:
+    result = mlp_builds[target]
+    model = load(result)
+    _check_static_metrics(result, model, samples=5)
+    m = qmetrics(result)
+    assert (m["activation_type"], m["weight_type"]) == (np.dtype(act).name, np.dtype(weight).name)
+    assert (m["mode"], m["format"], m["qnn"]) == ("static", "qdq", qnn)
+    activations = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    assert activations and all(zp_type(model, n) == act for n in activations)
+    weights = [
+        n
+        for n in model.graph.node
+        if n.op_type == "DequantizeLinear" and n.input[0] in ("w1_quantized", "w2_quantized")
+    ]
+    assert len(weights) == 2 and all(zp_type(model, n) == weight for n in weights)
+    assert inits_of(model)["w1_quantized"].dtype == weight
+    assert m["nodes_quantized_by_op"]["MatMul"] == 2
+    # 16-bit QuantizeLinear needs opset 21
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    assert m["opset"] == opset == (21 if act == np.uint16 else 17)
+
+
+def test_static_conv(mproj: Project) -> None:
+    recipe = mproj.recipe("conv", "steps: [quantize, {verify: {min_sqnr_db: 15}}]\n", name="cv")
+    result = mproj.build(recipe, "cpu", "uint8")
+    model = load(result)
+    _check_static_metrics(result, model, samples=16)
+    assert qmetrics(result)["matmul_conv_total"] == 2
+    assert scale_of(model, "x") == pytest.approx(2.0 / 255, rel=0.02)  # synthetic [-1, 1]
+    assert inits_of(model)["w1_quantized"].shape == (4, 3, 3, 3)
+    assert inits_of(model)["w1_scale"].shape == (4,)  # cpu preset: per channel
+
+
+def test_dynamic_mode(mproj: Project) -> None:
+    recipe = mproj.recipe(
+        "mlp", "steps: [{quantize: {mode: dynamic}}, {verify: {min_sqnr_db: 25}}]\n", name="dyn"
+    )
+    result = mproj.build(recipe, "cpu", "int8")
+    model = load(result)
+    counts = ops(model)
+    assert counts["MatMulInteger"] == 2 and counts["DynamicQuantizeLinear"] == 2
+    assert counts["MatMul"] == 0 and counts["QuantizeLinear"] == 0
+    m = qmetrics(result)
+    assert (m["mode"], m["activation_type"], m["weight_type"]) == ("dynamic", "uint8", "int8")
+    assert m["nodes_quantized_by_op"] == {"MatMul": 2}
+    assert m["matmul_conv_quantized_fraction"] == 1.0
+    assert "calibration_method" not in m and "calibration_samples" not in m
+    assert inits_of(model)["w1_quantized"].dtype == np.int8
+
+
+def test_qoperator_format(mproj: Project) -> None:
+    recipe = mproj.recipe(
+        "mlp", "steps: [{quantize: {format: qoperator}}, {verify: {min_sqnr_db: 15}}]\n", name="qo"
+    )
+    result = mproj.build(recipe, "cpu", "int8")
+    model = load(result)
+    counts = ops(model)
+    assert counts["QLinearMatMul"] == 2 and counts["MatMul"] == 0
+    assert counts["QuantizeLinear"] == 1 and counts["DequantizeLinear"] == 1  # at the edges
+    m = qmetrics(result)
+    assert (m["format"], m["qnn"], m["nodes_quantized_by_op"]["MatMul"]) == ("qoperator", False, 2)
+    assert inits_of(model)["x_zero_point"].dtype == np.int8
+
+
+# --------------------------------------------------------------------------- 3. calibration
+
+
+@pytest.fixture(scope="module")
+def heavy_scales(mproj: Project) -> dict[str, float]:
+    out = {}
+    for method, extra in [
+        ("minmax", ""),
+        ("entropy", ""),
+        ("percentile", ", percentile: 99.0"),
+    ]:
+        recipe = mproj.recipe(
+            "heavy",
+            f"steps:\n  - quantize: {{calibration: {{method: {method}{extra}}}}}\n",
+            name=f"heavy-{method}",
+        )
+        result = mproj.build(recipe, "cpu", "uint8")
+        assert qmetrics(result)["calibration_method"] == method
+        out[method] = scale_of(load(result), "t")
+    return out
+
+
+def _heavy_activation(p: Project) -> np.ndarray:
+    """`t` = tan(x) over the 16 synthetic calibration samples (seed 0) of the heavy model."""
+    from winml_recipes.catalog import load_entry
+    from winml_recipes.feeds import synthetic
+
+    contract = load_entry("heavy", p.catalog).components["model"].contract
+    xs = [f["x"] for f in synthetic(contract, 16, 0)()]
+    assert len(xs) == 16 and xs[0].shape == (16, 64)
+    return np.tan(np.concatenate(xs)).astype(np.float64)
+
+
+def test_minmax_scale_is_the_full_range(mproj, heavy_scales) -> None:
+    t = _heavy_activation(mproj)
+    assert heavy_scales["minmax"] == pytest.approx((t.max() - t.min()) / 255, rel=1e-3)
+
+
+def test_entropy_clips_the_heavy_tail(heavy_scales) -> None:
+    assert heavy_scales["entropy"] < 0.7 * heavy_scales["minmax"]
+
+
+def test_percentile_follows_the_data(mproj, heavy_scales) -> None:
+    t = _heavy_activation(mproj)
+    expected = (np.percentile(t, 99.5) - np.percentile(t, 0.5)) / 255
+    assert heavy_scales["percentile"] == pytest.approx(expected, rel=0.02)
+    assert heavy_scales["percentile"] < 0.5 * heavy_scales["minmax"]
+    assert heavy_scales["percentile"] != pytest.approx(heavy_scales["entropy"], rel=0.05)
+
+
+def test_no_cache_builds_are_byte_identical(proj: Project) -> None:
+    recipe = proj.recipe(
+        "conv",
+        "steps: [{quantize: {calibration: {method: entropy, samples: 6, seed: 3}}}]\n",
+    )
+    digests = []
+    for out in ("a", "b"):
+        result = cli(
+            "build", recipe, "--device", "npu", "--precision", "uint8", "--no-cache",
+            "-o", proj.root / out,
+        )  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        digests.append((proj.root / out / "r" / "npu-uint8" / "model" / "model.onnx").read_bytes())
+    assert digests[0] == digests[1]
+    assert b"QuantizeLinear" in digests[0]
+
+
+# --------------------------------------------------------------------------- 4. sources
+
+
+def test_npz_calibration(proj: Project) -> None:
+    rng = np.random.default_rng(11)
+    data = proj.recipes / "data"
+    data.mkdir()
+    singles = [rng.uniform(-10, 10, (2, 4)).astype(np.float32) for _ in range(3)]
+    for i, x in enumerate(singles):
+        np.savez(data / f"a{i}.npz", x=x)
+    stacked = rng.uniform(-10, 10, (4, 2, 4)).astype(np.float32)
+    np.savez(data / "b.npz", x=stacked)
+    recipe = proj.recipe(
+        "mlp", "steps: [{quantize: {calibration: {npz: 'data/*.npz', samples: 100}}}]\n", name="all"
+    )
+    all_samples = proj.build(recipe, "cpu", "uint8")
+    m = qmetrics(all_samples)
+    assert m["calibration_samples"] == 7
+    assert m["calibration_source"] == "npz: data/*.npz"
+    everything = np.concatenate([*singles, *stacked])
+    expected = (everything.max() - everything.min()) / 255
+    assert scale_of(load(all_samples), "x") == pytest.approx(expected, rel=1e-5)
+
+    # a sample cap reads files in order: the 3 singles and the first stacked sample
+    capped = proj.recipe(
+        "mlp", "steps:\n  - quantize: {calibration: {npz: 'data/*.npz', samples: 4}}\n", name="c"
+    )
+    result = proj.build(capped, "cpu", "uint8")
+    assert qmetrics(result)["calibration_samples"] == 4
+    first4 = np.concatenate([*singles, stacked[0]])
+    assert scale_of(load(result), "x") == pytest.approx(
+        (first4.max() - first4.min()) / 255, rel=1e-5
+    )
+
+    synthetic = proj.recipe("mlp", "steps: [quantize]\n", name="syn")
+    ratio = scale_of(load(all_samples), "x") / scale_of(
+        load(proj.build(synthetic, "cpu", "uint8")), "x"
+    )
+    assert 8 < ratio < 12  # data x10 -> scale ~x10
+
+
+def _write_pngs(folder: Path, count: int = 4) -> list[np.ndarray]:
+    from PIL import Image
+
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(5)
+    images = []
+    for i in range(count):
+        pixels = rng.integers(100, 151, size=(8, 8, 3)).astype(np.uint8)
+        Image.fromarray(pixels, "RGB").save(folder / f"img{i}.png")
+        images.append(pixels)
+    return images
+
+
+def test_preprocess_image_from_catalog_block(proj: Project) -> None:
+    from PIL import Image
+
+    from winml_recipes.catalog import load_entry
+    from winml_recipes.feeds import preprocess_image
+
+    spec = load_entry("conv", proj.catalog).components["model"].contract.input("x")
+    pixels = np.zeros((8, 8, 3), np.uint8)
+    pixels[3, 6] = (255, 51, 0)
+    Image.fromarray(pixels, "RGB").save(proj.root / "one.png")
+    x = preprocess_image(proj.root / "one.png", spec)
+    assert x.shape == (1, 3, 8, 8) and x.dtype == np.float32
+    assert x[0, :, 3, 6].tolist() == pytest.approx([1.0, (51 / 255 - 0.5) / 0.5, -1.0])
+    assert x[0, :, 0, 0].tolist() == pytest.approx([-1.0, -1.0, -1.0])
+
+
+def test_images_calibration(proj: Project) -> None:
+    images = _write_pngs(proj.recipes / "imgs")
+    recipe = proj.recipe("conv", "steps: [{quantize: {calibration: {images: imgs}}}]\n")
+    result = proj.build(recipe, "cpu", "uint8")
+    m = qmetrics(result)
+    assert m["calibration_source"] == "images: imgs"
+    assert m["calibration_samples"] == 4
+    values = (np.stack(images) / 255.0 - 0.5) / 0.5
+    lo, hi = min(values.min(), 0.0), max(values.max(), 0.0)
+    assert scale_of(load(result), "x") == pytest.approx((hi - lo) / 255, rel=1e-4)
+
+
+def test_inputs_from_calibrates_on_upstream_outputs(proj: Project) -> None:
+    body = """\
+    components:
+      enc:
+        steps: [verify]
+      dec:
+        steps:
+          - quantize: {calibration: {inputs_from: enc, samples: 8}}
+          - verify: {inputs_from: enc, min_sqnr_db: 15}
+    """
+    recipe = proj.recipe("chain", body)
+    result = proj.build(recipe, "cpu", "uint8")
+    m = qmetrics(result, "dec")
+    assert m["calibration_source"] == "inputs_from: enc"
+    assert m["calibration_samples"] == 8
+    scale = scale_of(load(result, "dec"), "h")
+    # enc multiplies its [-1, 1] input by 20: about 40 / 255, not the contract's 2 / 255
+    assert 30 / 255 < scale < 41 / 255
+    # the same without inputs_from: calibrated on the contract's synthetic [-1, 1]
+    synthetic = proj.recipe(
+        "chain",
+        """\
+        components:
+          enc:
+            steps: [verify]
+          dec:
+            steps: [{quantize: {calibration: {samples: 8}}}]
+        """,
+        name="syn",
+    )
+    plain = scale_of(load(proj.build(synthetic, "cpu", "uint8"), "dec"), "h")
+    assert plain == pytest.approx(2 / 255, rel=0.05)
+    assert scale > 10 * plain
+
+
+def test_inputs_from_unknown_component(isolated) -> None:
+    recipe = isolated.recipe(
+        "chain",
+        """\
+        components:
+          dec:
+            steps: [{quantize: {calibration: {inputs_from: enx}}}]
+        """,
+    )
+    message = assert_plan_error_wrote_nothing(
+        isolated, recipe, "--device", "cpu", "--precision", "uint8"
+    )
+    assert "'enx'" in message and "(did you mean 'enc'?)" in message, message
+    assert "components: enc, dec" in message
+
+
+def test_inputs_from_cycle(isolated) -> None:
+    recipe = isolated.recipe(
+        "chain",
+        """\
+        components:
+          enc:
+            steps: [{quantize: {calibration: {inputs_from: dec}}}]
+          dec:
+            steps: [{quantize: {calibration: {inputs_from: enc}}}]
+        """,
+    )
+    message = assert_plan_error_wrote_nothing(
+        isolated, recipe, "--device", "cpu", "--precision", "uint8"
+    )
+    assert message in (
+        f"{recipe}: inputs_from cycle: enc -> dec -> enc",
+        f"{recipe}: inputs_from cycle: dec -> enc -> dec",
+    ), message
+
+
+# --------------------------------------------------------------------------- 5. bad input
+
+
+def _npz_recipe(p: Project, **arrays) -> Path:
+    np.savez(p.recipes / "cal.npz", **arrays)
+    return p.recipe("mlp", "steps: [{quantize: {calibration: {npz: cal.npz}}}]\n")
+
+
+@pytest.mark.parametrize(
+    ("arrays", "tail"),
+    [
+        (
+            {"z": np.zeros((2, 4), np.float32)},
+            "calibration.npz: cal.npz has no input 'x' (expected float32[2, 4]; it has: z)",
+        ),
+        (
+            {"x": np.zeros((2, 5), np.float32)},
+            "calibration.npz: cal.npz: input 'x' has shape [2, 5], expected float32[2, 4] "
+            "(optionally with a leading sample axis)",
+        ),
+        (
+            {"x": np.zeros((2, 4), np.int32)},
+            "calibration.npz: cal.npz: input 'x' is int32, expected float32[2, 4]",
+        ),
+    ],
+    ids=["missing-input", "wrong-shape", "wrong-dtype"],
+)
+def test_bad_npz_is_a_plan_error(isolated, arrays, tail) -> None:
+    recipe = _npz_recipe(isolated, **arrays)
+    message = assert_plan_error_wrote_nothing(
+        isolated, recipe, "--device", "cpu", "--precision", "uint8"
+    )
+    assert message == f"{recipe}:10: {tail}"
+
+
+def test_npz_glob_matching_nothing(isolated) -> None:
+    recipe = isolated.recipe("mlp", "steps: [{quantize: {calibration: {npz: 'nope/*.npz'}}}]\n")
+    message = assert_plan_error_wrote_nothing(
+        isolated, recipe, "--device", "cpu", "--precision", "uint8"
+    )
+    assert message == (
+        f"{recipe}:10: calibration.npz: no file matches 'nope/*.npz' (relative to "
+        f"{isolated.recipes})"
+    )
+
+
+def test_mixed_precision_glob_matching_nothing(isolated) -> None:
+    recipe = isolated.recipe(
+        "mlp", "steps: [{quantize: {mixed_precision: [{tensors: ['nope*'], type: uint16}]}}]\n"
+    )
+    message = assert_run_error_wrote_nothing(isolated, recipe, "cpu", "uint8")
+    assert message == "model/quantize: mixed_precision: tensor glob 'nope*' matches no activation"
+    recipe = isolated.recipe(
+        "mlp", "steps: [{quantize: {mixed_precision: [{nodes: ['mm9'], type: float}]}}]\n"
+    )
+    message = assert_run_error_wrote_nothing(isolated, recipe, "cpu", "uint8")
+    assert message == (
+        "model/quantize: mixed_precision: node glob 'mm9' matches no node name or weight name"
+    )
+
+
+def test_exclude_glob_matching_nothing(isolated) -> None:
+    recipe = isolated.recipe("mlp", "steps: [{quantize: {exclude: ['conv*']}}]\n")
+    message = assert_run_error_wrote_nothing(isolated, recipe, "cpu", "uint8")
+    assert message == (
+        "model/quantize: quantize.exclude: node glob 'conv*' matches no node name or weight name"
+    )
+
+
+def test_exclude_keeps_nodes_float(proj: Project) -> None:
+    recipe = proj.recipe("mlp", "steps: [{quantize: {exclude: ['mm2']}}]\n")
+    result = proj.build(recipe, "cpu", "uint8")
+    model = load(result)
+    mm2 = next(n for n in model.graph.node if n.name == "mm2")
+    assert mm2.input[1] == "w2"  # weight left in float
+    m = qmetrics(result)
+    assert m["float_nodes"] == ["mm2"]
+    assert m["matmul_conv_quantized"] == 1  # an excluded MatMul is not reported as quantized
+
+
+def test_nothing_quantizable_is_skipped(proj: Project) -> None:
+    recipe = proj.recipe("flat", "steps: [quantize, {verify: {min_sqnr_db: 100}}]\n")
+    result = proj.build(recipe, "cpu", "uint8")
+    step = steps_of(result)["quantize"]
+    assert step["status"] == "skipped"
+    assert step["reason"].startswith("nothing to quantize")
+    assert ops(load(result))["QuantizeLinear"] == 0
+    assert steps_of(result)["verify"]["metrics"]["outputs"]["y"]["sqnr_db"] >= 100
+
+
+# --------------------------------------------------------------------------- 6. mixed precision
+
+
+@pytest.fixture(scope="module")
+def mixed_builds(mproj: Project) -> dict[str, object]:
+    out = {}
+    for name, steps in [
+        ("plain", "[quantize]"),
+        ("tensors", "[{quantize: {mixed_precision: [{tensors: ['h'], type: uint16}]}}]"),
+        ("nodes", "[{quantize: {mixed_precision: [{nodes: ['mm2'], type: float}]}}]"),
+    ]:
+        for device in ("cpu", "npu"):
+            recipe = mproj.recipe("mlp", f"steps: {steps}\n", name=f"mixed-{name}")
+            out[f"{name}-{device}"] = mproj.build(recipe, device, "uint8")
+    return out
+
+
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+def test_tensor_region_is_16_bit(mixed_builds, device) -> None:
+    plain, mixed = mixed_builds[f"plain-{device}"], mixed_builds[f"tensors-{device}"]
+    model = load(mixed)
+    assert zp_type(model, q_of(model, "h")) == np.uint16
+    for tensor in ("x", "r"):  # the rest keeps the precision's 8 bits
+        assert zp_type(model, q_of(model, tensor)) == np.uint8, tensor
+    assert zp_type(model, producers(model)["y"]) == np.uint8
+    # ORT's fixer converts at the borders of the 16-bit region
+    assert ops(model)["QuantizeLinear"] > ops(load(plain))["QuantizeLinear"]
+    assert any(n.name.endswith("_convert_QuantizeLinear") for n in model.graph.node)
+    m = qmetrics(mixed)
+    assert (m["tensor_overrides"], m["float_nodes"]) == (["h"], [])
+
+
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+def test_node_region_stays_float(mixed_builds, device) -> None:
+    result = mixed_builds[f"nodes-{device}"]
+    model = load(result)
+    prod = producers(model)
+    mm2 = next(n for n in model.graph.node if n.name == "mm2")
+    fed_by = [prod[i].op_type if i in prod else "graph" for i in mm2.input]
+    assert "DequantizeLinear" not in fed_by, fed_by
+    mm1 = next(n for n in model.graph.node if n.name == "mm1")
+    assert prod[mm1.input[0]].op_type == "DequantizeLinear"  # the rest is quantized
+    m = qmetrics(result)
+    assert (m["tensor_overrides"], m["float_nodes"]) == ([], ["mm2"])
+    assert m["matmul_conv_quantized"] == 1 and m["matmul_conv_quantized_fraction"] == 0.5
+
+
+# --------------------------------------------------------------------------- 7. sam3-tiny
+
+
+@pytest.fixture(scope="module")
+def sam3(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    out = tmp_path_factory.mktemp("sam3-quant")
+    return {
+        f"{d}/{p}": api.build(RECIPES / "sam3-tiny.yaml", device=d, precision=p, output_root=out)
+        for d, p in [("npu", "uint8"), ("npu", "w8a16"), ("cpu", "int8")]
+    }
+
+
+def verify_sqnr(result, component: str) -> dict[str, float]:
+    outputs = steps_of(result, component)["verify"]["metrics"]["outputs"]
+    return {name: m["sqnr_db"] for name, m in outputs.items()}
+
+
+DECODER = "prompt_encoder_mask_decoder"
+
+
+def test_sam3_auto_mixed_precision(sam3) -> None:
+    auto = qmetrics(sam3["npu/uint8"], DECODER)["mixed_precision_auto"]
+    assert auto["met"] is True
+    assert auto["target_sqnr_db"] == 20 and auto["type"] == "uint16"
+    promoted = auto["promoted"]
+    assert 0 < len(promoted) <= auto["max_promoted"]
+    for entry in promoted:
+        assert set(entry) == {"tensor", "to", "output_sqnr_db_if_only_this_is_quantized"}
+        assert entry["to"] == "uint16" and isinstance(entry["tensor"], str)
+    damages = [e["output_sqnr_db_if_only_this_is_quantized"] for e in promoted]
+    assert damages == sorted(damages)  # most damaging first
+    rounds = auto["rounds"]
+    assert rounds[0]["promoted"] == 0 and rounds[-1]["promoted"] == len(promoted)
+    first, last = rounds[0]["output_sqnr_db"], rounds[-1]["output_sqnr_db"]
+    assert first["pred_masks"] < 10
+    assert last["pred_masks"] >= 20 and min(last.values()) >= 20
+    assert last["pred_masks"] - first["pred_masks"] >= 10
+    # the promoted tensors are 16 bit in the written model
+    model = load(sam3["npu/uint8"], DECODER)
+    inits = inits_of(model)
+    wide = {
+        n.input[0].removesuffix("_QuantizeLinear_Input")
+        for n in model.graph.node
+        if n.op_type == "QuantizeLinear" and inits[n.input[2]].dtype == np.uint16
+    }
+    assert {e["tensor"] for e in promoted} <= wide
+    assert verify_sqnr(sam3["npu/uint8"], DECODER)["pred_masks"] >= 15
+
+
+def test_sam3_w8a16_quality_contract(sam3) -> None:
+    result = sam3["npu/w8a16"]
+    vision = verify_sqnr(result, "vision_encoder")
+    assert set(vision) == {"image_embeddings.0", "image_embeddings.1", "image_embeddings.2"}
+    assert all(v >= 30 for v in vision.values()), vision
+    decoder = verify_sqnr(result, DECODER)
+    assert decoder["iou_scores"] >= 30 and decoder["pred_masks"] >= 20, decoder
+    for comp in ("vision_encoder", DECODER):
+        m = qmetrics(result, comp)
+        assert m["matmul_conv_quantized_fraction"] >= 0.9, comp
+        assert (m["activation_type"], m["weight_type"], m["qnn"]) == ("uint16", "uint8", True)
+    assert qmetrics(result, DECODER)["calibration_source"] == "inputs_from: vision_encoder"
+    assert qmetrics(result, DECODER)["calibration_samples"] == 64
+
+
+def test_sam3_cpu_int8_builds_both_components(sam3) -> None:
+    result = sam3["cpu/int8"]
+    for comp in ("vision_encoder", DECODER):
+        steps = steps_of(result, comp)
+        assert steps["quantize"]["status"] in ("ran", "cached")
+        assert steps["verify"]["status"] in ("ran", "cached")
+        m = qmetrics(result, comp)
+        assert (m["activation_type"], m["weight_type"], m["qnn"]) == ("int8", "int8", False)
+        assert m["matmul_conv_quantized_fraction"] >= 0.9
+        model = load(result, comp)
+        q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear")
+        assert zp_type(model, q) == np.int8
+        assert result.models[comp].is_file()
+
+
+# --------------------------------------------------------------------------- 8. fp16
+
+
+def test_fp16_keeps_float32_io(mproj: Project) -> None:
+    recipe = mproj.recipe("mlp", "steps: [fp16, {verify: {min_sqnr_db: 40}}]\n", name="half")
+    result = mproj.build(recipe, "cpu", "fp16")
+    model = load(result)
+    assert [i.type.tensor_type.elem_type for i in model.graph.input] == [F]
+    assert [o.type.tensor_type.elem_type for o in model.graph.output] == [F]
+    assert {t.name: t.data_type for t in model.graph.initializer} == {
+        "w1": TensorProto.FLOAT16,
+        "b1": TensorProto.FLOAT16,
+        "w2": TensorProto.FLOAT16,
+    }
+    assert verify_sqnr(result, "model")["y"] >= 40
+    assert steps_of(result)["fp16"]["metrics"]["casts"] == ops(model)["Cast"] == 2
+
+
+def test_fp16_op_block_list(mproj: Project) -> None:
+    recipe = mproj.recipe(
+        "mlp", "steps: [{fp16: {op_block_list: [MatMul]}}, verify]\n", name="half-block"
+    )
+    result = mproj.build(recipe, "cpu", "fp16")
+    model = load(result)
+    types = {t.name: t.data_type for t in model.graph.initializer}
+    assert types["w1"] == types["w2"] == F  # MatMul weights kept in float32
+    assert types["b1"] == TensorProto.FLOAT16  # the Add is converted
+    prod = producers(model)
+    for mm in (n for n in model.graph.node if n.op_type == "MatMul"):
+        src = prod.get(mm.input[0])
+        assert src is not None and src.op_type == "Cast"
+        assert helper.get_attribute_value(src.attribute[0]) == F
+    assert steps_of(result)["fp16"]["metrics"]["op_block_list"] == ["MatMul"]
+
+
+# --------------------------------------------------------------------------- 9. build --onnx
+
+
+def _adhoc_build(tmp_path: Path, *args: str) -> dict:
+    model = make_mlp_onnx(tmp_path / "mlp.onnx")
+    result = cli("build", "--onnx", model, "-o", tmp_path / "out", "--json", *args)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_build_onnx_npu_uint8_with_shape(tmp_path: Path) -> None:
+    manifest = _adhoc_build(tmp_path, "--device", "npu", "--precision", "uint8", "--shape", "x=4x4")
+    assert manifest["target"] == {"device": "npu", "precision": "uint8"}
+    steps = {s["pass"]: s for s in manifest["components"]["model"]["steps"]}
+    assert steps["fix_shapes"]["metrics"] == {"fixed": {"batch": 4}}
+    assert steps["quantize"]["status"] == "ran"
+    assert steps["quantize"]["metrics"]["activation_type"] == "uint8"
+    assert steps["verify"]["status"] == "ran"
+    assert steps["verify"]["metrics"]["outputs"]["y"]["sqnr_db"] >= 10
+    model = onnx.load(str(tmp_path / "out" / "mlp" / "npu-uint8" / "model" / "model.onnx"))
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    assert shape == [4, 4]
+    assert ops(model)["QuantizeLinear"] > 0
+
+
+@pytest.mark.parametrize(
+    ("device", "precision", "activation"), [("npu", "w8a16", "uint16"), ("cpu", "int8", "int8")]
+)
+def test_build_onnx_device_default_precision(tmp_path, device, precision, activation) -> None:
+    manifest = _adhoc_build(tmp_path, "--device", device)
+    assert manifest["target"] == {"device": device, "precision": precision}
+    steps = {s["pass"]: s for s in manifest["components"]["model"]["steps"]}
+    assert steps["quantize"]["metrics"]["activation_type"] == activation
+    assert steps["verify"]["status"] == "ran"
+    assert (tmp_path / "out" / "mlp" / f"{device}-{precision}" / "manifest.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [
+        ("y=4x4", "--shape y: the model has no input 'y'; inputs: x"),
+        ("x=4", "--shape x: 1 dims given, the input has 2 (['batch', 4])"),
+        ("x=4by4", "--shape 'x=4by4': expected NAME=DxDx... (e.g. pixel_values=1x3x224x224)"),
+        ("x", "--shape 'x': expected NAME=DxDx... (e.g. pixel_values=1x3x224x224)"),
+        ("x=4x5", "--shape x: dim of size 4 cannot be 5"),
+        ("x=0x4", "--shape 'x=0x4': dims must be at least 1"),
+    ],
+)
+def test_build_onnx_bad_shape(tmp_path: Path, shape: str, message: str) -> None:
+    model = make_mlp_onnx(tmp_path / "mlp.onnx")
+    args = ("build", "--onnx", model, "--device", "npu", "--shape", shape, "-o", tmp_path / "o")
+    assert user_error(*args) == message
+    assert not (tmp_path / "o").exists()
+
+
+def test_build_onnx_conflicting_named_dim(tmp_path: Path) -> None:
+    two = _model(
+        [helper.make_node("Add", ["a", "b"], ["y"])],
+        [
+            helper.make_tensor_value_info("a", F, ["batch", 4]),
+            helper.make_tensor_value_info("b", F, ["batch", 4]),
+        ],
+        [helper.make_tensor_value_info("y", F, ["batch", 4])],
+    )
+    path = _save(two, tmp_path / "two.onnx")
+    base = ("build", "--onnx", path, "--device", "cpu", "--precision", "fp32", "-o", tmp_path / "o")
+    assert user_error(*base, "--shape", "a=2x4", "--shape", "b=3x4") == (
+        "--shape b: dim 'batch' is 3 here but 2 in --shape a; give it one value"
+    )
+    assert user_error(*base, "--shape", "a=2x4", "--shape", "a=3x4") == (
+        "--shape a: given twice; keep one"
+    )
+    assert not (tmp_path / "o").exists()
+    ok = cli(*base, "--shape", "a=2x4", "--shape", "b=2x4")
+    assert ok.exit_code == 0, ok.stderr
+
+
+def test_build_onnx_missing_file_and_device(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.onnx"
+    assert user_error("build", "--onnx", missing, "--device", "cpu") == (
+        f"{missing}: file not found; check the path"
+    )
+    model = make_mlp_onnx(tmp_path / "mlp.onnx")
+    assert user_error("build", "--onnx", model, "-o", tmp_path / "o") == (
+        "--onnx needs --device (cpu, gpu, npu)"
+    )
+    assert user_error("build", "--onnx", model, "--device", "tpu") == (
+        "unknown device 'tpu' (did you mean 'npu'?); known: cpu, gpu, npu"
+    )
+    assert not (tmp_path / "o").exists()
