@@ -1,0 +1,129 @@
+"""Already-quantized sources: the plan decides once; [dequantize, normalize, quantize]
+turns an int8 QOperator-style SAM 3 (like the published files) into QDQ for the NPU."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+import yaml
+
+from tests.conftest import CATALOG, RECIPES
+from winml_recipes import api
+from winml_recipes.onnx.quant import detect_quantization
+
+COMPONENTS = ("vision_encoder", "prompt_encoder_mask_decoder")
+
+
+@pytest.fixture(scope="module")
+def int8_project(tmp_path_factory, tiny_build) -> Path:
+    """A catalog entry like catalog/sam3.yaml, at tiny shapes, over dynamic-int8 files."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    root = tmp_path_factory.mktemp("int8-sam3")
+    (root / "catalog").mkdir()
+    entry = yaml.safe_load((CATALOG / "sam3-tiny.yaml").read_text())
+    entry["name"] = "sam3-int8-tiny"
+    entry.pop("family")
+    for comp in COMPONENTS:
+        target = root / "catalog" / f"{comp}_int8.onnx"
+        quantize_dynamic(str(tiny_build.models[comp]), str(target), weight_type=QuantType.QInt8)
+        entry["components"][comp]["source"] = {"ref": f"./{comp}_int8.onnx"}
+    (root / "catalog" / "sam3-int8-tiny.yaml").write_text(yaml.safe_dump(entry, sort_keys=False))
+    return root
+
+
+def _plan(project: Path, **kwargs):
+    return api.plan(
+        RECIPES / "sam3.yaml",
+        defines={"model": "sam3-int8-tiny"},
+        catalog_dir=project / "catalog",
+        **kwargs,
+    )
+
+
+def test_sources_are_detected_as_quantized_once(int8_project) -> None:
+    for comp in COMPONENTS:
+        summary = detect_quantization(
+            onnx.load(str(int8_project / "catalog" / f"{comp}_int8.onnx"))
+        )
+        assert summary.quantized and "MatMulInteger" in summary.describe()
+    plan = _plan(int8_project)
+    for comp in plan.components:
+        assert comp.facts.quantized
+        assert comp.steps[0].name == "dequantize" and comp.steps[0].skip is None
+
+
+def test_without_dequantize_normalize_and_quantize_are_skipped_with_the_reason(
+    int8_project, tmp_path
+) -> None:
+    recipe = tmp_path / "recipes" / "r.yaml"
+    recipe.parent.mkdir()
+    shutil.copytree(int8_project / "catalog", tmp_path / "catalog")
+    recipe.write_text(
+        "schema_version: 1\nname: r\nmodel: sam3-int8-tiny\n"
+        "targets: [{device: cpu, precision: int8}]\n"  # steps from the presets
+    )
+    plan = api.plan(recipe)
+    steps = {s.name: s for s in plan.components[0].steps}
+    assert steps["normalize"].skip.startswith("source already quantized (")
+    assert "MatMulInteger x" in steps["normalize"].skip
+    assert steps["quantize"].skip == steps["normalize"].skip
+    assert steps["verify"].skip.startswith("no float reference")
+
+
+def test_requantize_for_npu_matches_the_original_float_model(int8_project, tiny_build, tmp_path):
+    from winml_recipes.engine.types import UpstreamComponent
+    from winml_recipes.feeds import feeds_for, take
+    from winml_recipes.onnx.metrics import compare_runs
+    from winml_recipes.onnx.runtime import run_model
+
+    result = api.build(
+        RECIPES / "sam3.yaml",
+        defines={"model": "sam3-int8-tiny"},
+        catalog_dir=int8_project / "catalog",
+        device="npu",
+        precision="w8a16",
+        output_root=tmp_path,
+    )
+    for comp in COMPONENTS:
+        steps = {s["pass"]: s for s in result.manifest["components"][comp]["steps"]}
+        assert steps["dequantize"]["status"] == "ran"
+        assert "replaced" in steps["dequantize"]["metrics"]["summary"]
+        built = onnx.load(str(result.models[comp]))
+        summary = detect_quantization(built)
+        assert summary.formats == ("qdq",), summary.describe()
+        assert not {"MatMulInteger", "ConvInteger", "DynamicQuantizeLinear"} & set(summary.counts)
+    # Against the ORIGINAL float sam3-tiny, on inputs neither calibration nor verify used.
+    entry = api.load(RECIPES / "sam3-tiny.yaml").catalog
+    enc, dec = entry.components["vision_encoder"], entry.components["prompt_encoder_mask_decoder"]
+    images = take(feeds_for(None, enc.contract, tmp_path, {}, 4, 4242), 4)
+    ref_enc = run_model(tiny_build.models["vision_encoder"], images)
+    got_enc = run_model(result.models["vision_encoder"], images)
+    enc_sqnr = {k: v["sqnr_db"] for k, v in compare_runs(ref_enc, got_enc).items()}
+    up = UpstreamComponent(
+        "vision_encoder", tiny_build.models["vision_encoder"], "", enc.contract, None
+    )
+    prompts = take(
+        feeds_for(
+            {"inputs_from": "vision_encoder"},
+            dec.contract,
+            tmp_path,
+            {"vision_encoder": up},
+            4,
+            4242,
+        ),
+        4,
+    )
+    dec_sqnr = {
+        k: v["sqnr_db"]
+        for k, v in compare_runs(
+            run_model(tiny_build.models["prompt_encoder_mask_decoder"], prompts),
+            run_model(result.models["prompt_encoder_mask_decoder"], prompts),
+        ).items()
+    }
+    print("requantized vs original float:", enc_sqnr, dec_sqnr)
+    assert min(enc_sqnr.values()) >= 20, enc_sqnr
+    assert dec_sqnr["iou_scores"] >= 20 and dec_sqnr["pred_masks"] >= 12, dec_sqnr
