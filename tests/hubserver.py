@@ -12,8 +12,8 @@ It speaks the endpoints huggingface_hub 2.4 uses to download and list files:
 - 404s carry `X-Error-Code`: `RepoNotFound`, `RevisionNotFound`, or `EntryNotFound` (with
   `X-Repo-Commit`, which huggingface_hub uses to cache the non-existence of a file).
 
-Revisions (branch or tag names) map to fixed 40-hex commit shas; a commit sha works as a
-revision too. Fault switches: `fail_next` (an HTTP status), `truncate` (a body cut short),
+Revisions (branch or tag names) point at 40-hex commit shas; every `add_file` is a new
+commit, as on the Hub, and a commit sha works as a revision too. Fault switches: `fail_next` (an HTTP status), `truncate` (a body cut short),
 `stop` (connection refused until `start`). Every request is logged in `requests`.
 
 The server speaks HTTP/1.0 (one connection per request), so `stop()` leaves no keep-alive
@@ -111,7 +111,7 @@ class LocalHub:
         server.daemon_threads = True
         self.port = server.server_address[1]
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -127,12 +127,8 @@ class LocalHub:
 
     # ------------------------------------------------------------------ content
 
-    @staticmethod
-    def commit_sha(repo_id: str, revision: str = "main") -> str:
-        return hashlib.sha1(f"{repo_id}\0{revision}".encode()).hexdigest()
-
     def commit(self, repo_id: str, revision: str = "main") -> str:
-        """The commit sha `revision` of `repo_id` points at."""
+        """The commit sha `revision` of `repo_id` points at now."""
         return self._repos[repo_id].revisions[revision]
 
     def add_file(
@@ -144,22 +140,35 @@ class LocalHub:
         *,
         lfs: bool | None = None,
     ) -> str:
-        """Add (or replace) a file in the commit `revision` points at; returns the commit sha."""
+        """Commit `path` to `revision` (created if new): a new commit sha, like a push.
+
+        Older commits stay reachable by their sha. Returns the new commit sha.
+        """
         if lfs is None:
             lfs = not path.lower().endswith(TEXT_SUFFIXES)
         with self._lock:
-            repo = self._repos.setdefault(repo_id, _Repo())
-            sha = repo.revisions.setdefault(revision, self.commit_sha(repo_id, revision))
-            repo.commits.setdefault(sha, {})[path] = _File(bytes(data), lfs)
-            return sha
+            tree = dict(self._tree(repo_id, revision))
+            tree[path] = _File(bytes(data), lfs)
+            return self._commit(repo_id, revision, tree)
 
     def add_repo(self, repo_id: str, revision: str = "main") -> str:
-        """An empty repo (or revision); returns the commit sha."""
+        """An empty repo (or revision); returns its commit sha."""
         with self._lock:
-            repo = self._repos.setdefault(repo_id, _Repo())
-            sha = repo.revisions.setdefault(revision, self.commit_sha(repo_id, revision))
-            repo.commits.setdefault(sha, {})
-            return sha
+            return self._commit(repo_id, revision, dict(self._tree(repo_id, revision)))
+
+    def _tree(self, repo_id: str, revision: str) -> dict[str, _File]:
+        repo = self._repos.get(repo_id)
+        if repo is None or revision not in repo.revisions:
+            return {}
+        return repo.commits[repo.revisions[revision]]
+
+    def _commit(self, repo_id: str, revision: str, tree: dict[str, _File]) -> str:
+        repo = self._repos.setdefault(repo_id, _Repo())
+        seed = f"{repo_id}\0{revision}\0{len(repo.commits)}"
+        sha = hashlib.sha1(seed.encode()).hexdigest()
+        repo.commits[sha] = tree
+        repo.revisions[revision] = sha
+        return sha
 
     # ------------------------------------------------------------------ faults
 
@@ -244,7 +253,9 @@ class _Handler(BaseHTTPRequestHandler):
         split = urlsplit(self.path)
         parts = split.path.strip("/").split("/")
         query = parse_qs(split.query)
-        if len(parts) >= 5 and parts[2] == "resolve":
+        if split.path == "/api/agent-harnesses":  # huggingface_hub's user-agent telemetry
+            self._json({"standardEnvVars": [], "harnesses": {}}, head)
+        elif len(parts) >= 5 and parts[2] == "resolve":
             repo_id = f"{parts[0]}/{parts[1]}"
             path = unquote("/".join(parts[4:]))
             self._resolve(repo_id, unquote(parts[3]), path, head)
@@ -438,7 +449,6 @@ def _file_entry(path: str, file: _File) -> dict:
     if file.lfs:
         entry["lfs"] = {"oid": file.sha256, "size": len(file.data), "pointerSize": 134}
     return entry
-
 
 
 @pytest.fixture

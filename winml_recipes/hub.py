@@ -15,8 +15,8 @@ External data ("sidecars") sits beside the model in the same snapshot folder:
 - `<file>_data` and `<file>.data` are also tried, best-effort: "not in the repo" is silent,
   any other failure is a warning naming the file.
 Sidecars come from the model's resolved commit, never from a branch that may have moved.
-The cache keeps sidecars as real files (hard links to the blobs), not symlinks: onnx refuses
-external data behind a symbolic link.
+Sidecars are kept as real files in the snapshot folder, not symlinks to `blobs/`: onnx
+refuses external data behind a symlink or a hard link.
 
 Without a network the code fails fast: an uncached file is probed with one request first,
 so "connection refused" is reported at once instead of after huggingface_hub's ~23 s of
@@ -149,8 +149,9 @@ class _Fetch:
     def label(self, filename: str, revision: str) -> str:
         return f"{self.repo_id}@{revision}/{filename}"
 
-    def get(self, filename: str, revision: str) -> Path:
-        """The cached path of `filename` at `revision`, downloading it when needed.
+    def get(self, filename: str, revision: str) -> tuple[Path, bool]:
+        """The cached path of `filename` at `revision`, downloading it when needed, and
+        whether its blob was downloaded by this call.
 
         Raises `_Missing` when the file does not exist, `SourceError` for everything else.
         """
@@ -162,7 +163,7 @@ class _Fetch:
         )
         if s.offline:
             if isinstance(cached, str):
-                return Path(cached)
+                return Path(cached), False
             if cached is _CACHED_NO_EXIST:
                 raise _Missing
             raise SourceError(
@@ -173,8 +174,10 @@ class _Fetch:
             )
         if cached is _CACHED_NO_EXIST and _COMMIT.match(revision):
             raise _Missing  # a commit never changes: no need to ask again
-        if cached is None and not self.reachable:
+        if not isinstance(cached, str) and not self.reachable:
             self._probe(filename, revision)
+        blobs = self.blobs_dir()
+        before = set(os.listdir(blobs)) if blobs.is_dir() else set()
         try:
             path = hf_hub_download(
                 self.repo_id,
@@ -187,8 +190,15 @@ class _Fetch:
             )
         except Exception as exc:
             raise self._explain(exc, filename, revision) from None
-        self.reachable = self.reachable or cached is None
-        return Path(path)
+        target = Path(path).resolve()
+        fresh = target.parent == blobs.resolve() and target.name not in before
+        return Path(path), fresh
+
+    def blobs_dir(self) -> Path:
+        from huggingface_hub.file_download import repo_folder_name
+
+        folder = repo_folder_name(repo_id=self.repo_id, repo_type="model")
+        return self.settings.cache_dir / folder / "blobs"
 
     def _probe(self, filename: str, revision: str) -> None:
         """One request without retries, so an unreachable endpoint fails now, not in 23 s."""
@@ -290,8 +300,7 @@ def _repo_not_found(repo_id: str, endpoint: str) -> str:
 
 def _revision_not_found(repo_id: str, revision: str) -> str:
     return (
-        f"revision '{revision}' not found in {repo_id}; use a branch, tag or commit sha "
-        "that exists"
+        f"revision '{revision}' not found in {repo_id}; use a branch, tag or commit sha that exists"
     )
 
 
@@ -368,23 +377,28 @@ def _tensors(model: Any):
             yield from node_tensors(node)
 
 
-def _as_real_file(path: Path) -> Path:
-    """Replace a cache symlink by a hard link to its blob (a copy if links are unsupported).
+def _as_real_file(path: Path, fresh: bool) -> Path:
+    """Make a sidecar in the snapshot folder a real file with one link.
 
-    onnx refuses external data behind a symlink; a hard link keeps one copy on disk.
+    onnx refuses external data behind a symlink or with several hard links, and the cache
+    keeps snapshot files as symlinks to `blobs/`. A blob this call just downloaded is moved
+    into the snapshot (what huggingface_hub itself does where symlinks are unsupported); an
+    older blob may be shared with other snapshots, so it is copied.
     """
     if not path.is_symlink():
         return path
     target = path.resolve()
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        try:
-            os.link(target, tmp)
-        except OSError:
+        if fresh:
+            os.replace(target, tmp)
+        else:
             shutil.copyfile(target, tmp)
         os.replace(tmp, path)
-    except OSError as exc:  # e.g. a read-only shared cache: leave it as it is
-        log.debug("could not replace symlink %s: %s", path, exc)
+    except OSError as exc:
+        raise SourceError(
+            f"could not place sidecar {path.name} beside its model in {path.parent} ({exc})"
+        ) from None
     finally:
         tmp.unlink(missing_ok=True)
     return path
@@ -398,7 +412,7 @@ def download_onnx(ref: HubOnnx, *, progress: bool = False) -> HubFile:
     revision = ref.revision or "main"
     fetch = _Fetch(ref.repo_id, _settings(), progress)
     try:
-        path = fetch.get(ref.filename, revision)
+        path, _ = fetch.get(ref.filename, revision)
     except _Missing:
         raise SourceError(f"file not found in {ref.repo_id}@{revision}: {ref.filename}") from None
     commit = _commit_of(path, ref.filename)
@@ -411,7 +425,7 @@ def download_onnx(ref: HubOnnx, *, progress: bool = False) -> HubFile:
     sidecars: list[Path] = []
     for name in required:
         try:
-            sidecars.append(_as_real_file(fetch.get(name, commit)))
+            sidecars.append(_as_real_file(*fetch.get(name, commit)))
         except _Missing:
             raise SourceError(
                 f"{ref.filename} references external data {name} which is not in "
@@ -426,10 +440,10 @@ def download_onnx(ref: HubOnnx, *, progress: bool = False) -> HubFile:
                 ref.repo_id, name, cache_dir=fetch.settings.cache_dir, revision=commit
             )
             if isinstance(cached, str):
-                sidecars.append(_as_real_file(Path(cached)))
+                sidecars.append(_as_real_file(Path(cached), False))
             continue
         try:
-            sidecars.append(_as_real_file(fetch.get(name, commit)))
+            sidecars.append(_as_real_file(*fetch.get(name, commit)))
         except _Missing:
             pass  # expected: most models have no sidecar
         except SourceError as exc:
@@ -473,8 +487,10 @@ def list_onnx(repo_id: str, revision: str | None = None) -> list[HubEntry]:
         # One request without retries: an unreachable endpoint fails now, and the listing
         # below is pinned to the commit so that it is consistent.
         commit = api.model_info(repo_id, revision=rev, expand=["sha"]).sha
-    except (RepositoryNotFoundError, RevisionNotFoundError):
-        pass  # reported by the listing below, with the same wording as downloads
+    except RepositoryNotFoundError:
+        raise SourceError(_repo_not_found(repo_id, s.endpoint)) from None
+    except RevisionNotFoundError:
+        raise SourceError(_revision_not_found(repo_id, rev)) from None
     except HfHubHTTPError:
         pass  # e.g. a 500: the listing retries
     except (httpx2.TransportError, httpx2.InvalidURL, OfflineModeIsEnabled) as exc:
