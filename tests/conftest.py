@@ -111,3 +111,30 @@ def make_mlp_project(root: Path, steps: str = "[normalize, verify]", extra: str 
         f"steps: {steps}\n{extra}"
     )
     return recipe
+
+
+def sqnr_against_float_sam3(float_models: dict, built_models: dict, seed: int = 4242) -> dict:
+    """Output SQNR (dB) of built SAM 3 graphs against the float sam3-tiny, on fresh inputs.
+
+    The decoder is fed embeddings from the float vision encoder, as in use.
+    """
+    from winml_recipes import api
+    from winml_recipes.engine.types import UpstreamComponent
+    from winml_recipes.feeds import feeds_for, take
+    from winml_recipes.onnx.metrics import compare_runs
+    from winml_recipes.onnx.runtime import run_model
+
+    entry = api.load(RECIPES / "sam3-tiny.yaml").catalog
+    enc = entry.components["vision_encoder"].contract
+    dec = entry.components["prompt_encoder_mask_decoder"].contract
+    images = take(feeds_for(None, enc, REPO, {}, 4, seed), 4)
+    up = UpstreamComponent("vision_encoder", float_models["vision_encoder"], "", enc, None)
+    source = {"inputs_from": "vision_encoder"}
+    prompts = take(feeds_for(source, dec, REPO, {"vision_encoder": up}, 4, seed), 4)
+    out = {}
+    for comp, feeds in (("vision_encoder", images), ("prompt_encoder_mask_decoder", prompts)):
+        metrics = compare_runs(
+            run_model(float_models[comp], feeds), run_model(built_models[comp], feeds)
+        )
+        out.update({name: m["sqnr_db"] for name, m in metrics.items()})
+    return out

@@ -13,8 +13,10 @@ It speaks the endpoints huggingface_hub 2.4 uses to download and list files:
   `X-Repo-Commit`, which huggingface_hub uses to cache the non-existence of a file).
 
 Revisions (branch or tag names) point at 40-hex commit shas; every `add_file` is a new
-commit, as on the Hub, and a commit sha works as a revision too. Fault switches: `fail_next` (an HTTP status), `truncate` (a body cut short),
-`stop` (connection refused until `start`). Every request is logged in `requests`.
+commit, as on the Hub, and a commit sha works as a revision too. Fault switches:
+`fail_next` (an HTTP status), `truncate` (a body cut short), `stop` (connection refused
+until `start`). Every request is logged in `requests`; `/api/agent-harnesses` (huggingface_hub's
+user-agent telemetry) answers an empty registry.
 
 The server speaks HTTP/1.0 (one connection per request), so `stop()` leaves no keep-alive
 connection behind and the next request really is refused.

@@ -436,3 +436,41 @@ def init(model_ref, name, catalog_dir, recipes_dir) -> None:
     )
     click.echo(f"wrote {catalog_path}\nwrote {recipe_path}")
     click.echo(f"next: winml-recipes validate {recipe_path}")
+
+
+@main.group()
+def hub() -> None:
+    """Discover ONNX files on the Hugging Face Hub."""
+
+
+@hub.command("ls")
+@click.argument("repo_id")
+@click.option("--revision", help="Branch, tag or commit (default: main).")
+@click.option("--json", "as_json", is_flag=True)
+def hub_ls(repo_id, revision, as_json) -> None:
+    """List a repo's .onnx files with sizes and their external-data sidecars."""
+    from winml_recipes.hub import list_onnx
+
+    entries = list_onnx(repo_id, revision)
+    if as_json:
+        _echo_json(
+            [
+                {
+                    "ref": e.ref,
+                    "path": e.path,
+                    "size": e.size,
+                    "sidecars": e.sidecars,
+                    "commit": e.commit,
+                }
+                for e in entries
+            ]
+        )
+        return
+    if not entries:
+        click.echo(f"{repo_id}: no .onnx files")
+        return
+    click.echo(f"{repo_id} @ {entries[0].commit}")
+    for e in entries:
+        click.echo(f"  {e.path:<60} {e.size / 1e6:10.2f} MB")
+        for side, size in e.sidecars.items():
+            click.echo(f"    + {side:<58} {size / 1e6:10.2f} MB")

@@ -396,6 +396,8 @@ def _as_real_file(path: Path, fresh: bool) -> Path:
             shutil.copyfile(target, tmp)
         os.replace(tmp, path)
     except OSError as exc:
+        if path.is_file() and not path.is_symlink():
+            return path  # another process did it meanwhile
         raise SourceError(
             f"could not place sidecar {path.name} beside its model in {path.parent} ({exc})"
         ) from None

@@ -14,9 +14,13 @@ from winml_recipes.errors import BuildLockedError
 
 @contextmanager
 def exclusive(
-    lock_path: Path, *, wait_seconds: float, on_wait: Callable[[str], None] | None = None
+    lock_path: Path,
+    guarded: Path,
+    *,
+    wait_seconds: float,
+    on_wait: Callable[[str], None] | None = None,
 ) -> Iterator[None]:
-    """Hold `lock_path`; wait up to `wait_seconds` for another holder, then fail clearly."""
+    """Hold `lock_path` (guarding `guarded`); wait up to `wait_seconds`, then fail clearly."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -32,10 +36,10 @@ def exclusive(
                     raise BuildLockedError(
                         f"another build (pid {holder}) is writing this output; wait for it "
                         "to finish or raise --wait",
-                        where=str(lock_path.parent),
+                        where=str(guarded),
                     ) from None
                 if not announced and on_wait:
-                    on_wait(f"waiting for another build (pid {holder}) of {lock_path.parent}")
+                    on_wait(f"waiting for another build (pid {holder}) of {guarded}")
                     announced = True
                 time.sleep(0.2)
         os.ftruncate(fd, 0)

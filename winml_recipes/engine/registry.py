@@ -111,6 +111,19 @@ def get_pass(name: str) -> Pass:
     return passes[name]()
 
 
+def check_component(name: str, ctx: PlanContext, option: str) -> None:
+    """An option naming another component must name one of the catalog entry's."""
+    if name in ctx.components:
+        if name == ctx.component:
+            raise PlanError(f"{option}: '{name}' is this component itself")
+        return
+    close = difflib.get_close_matches(name, list(ctx.components), n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    raise PlanError(
+        f"{option}: unknown component '{name}'{hint}; components: {', '.join(ctx.components)}"
+    )
+
+
 def describe_support(cls: type[Pass]) -> tuple[str, str]:
     devs = "any" if cls.devices == ANY else ", ".join(sorted(cls.devices))
     precs = "any" if cls.precisions == ANY else ", ".join(sorted(cls.precisions))

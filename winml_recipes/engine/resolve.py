@@ -62,7 +62,20 @@ def resolve_source(entry: CatalogEntry, component: Component) -> Source:
             digest=_spec_digest(digest_input),
         )
     if isinstance(ref, HubOnnx):
-        return Source("hub_onnx", str(ref), revision=ref.revision, digest=_spec_digest(str(ref)))
+        import sys
+
+        from winml_recipes.hub import download_onnx
+        from winml_recipes.onnx.io import artifact_sha256
+
+        try:
+            fetched = download_onnx(ref, progress=sys.stderr.isatty())
+        except SourceError as exc:
+            raise SourceError(exc.message, where=exc.where or where) from None
+        # The resolved commit is part of the digest, and so of every cache key downstream.
+        digest = _spec_digest([fetched.commit, artifact_sha256(fetched.path)])
+        return Source(
+            "hub_onnx", str(ref), path=fetched.path, revision=fetched.commit, digest=digest
+        )
     assert isinstance(ref, CatalogName)
     raise SourceError(
         f"'{spec['ref']}' is not a model reference (a catalog name cannot be a source); "
@@ -99,10 +112,8 @@ def _dir_digest(path: Path) -> dict[str, int]:
 
 def source_facts(source: Source) -> ModelFacts:
     """Facts about a source, computed once before planning; never runs onnxruntime."""
-    if source.kind == "export":
+    if source.path is None:
         return ModelFacts(is_onnx=False)
-    if source.kind != "onnx" or source.path is None:
-        return ModelFacts(is_onnx=True)
     return model_facts(source.path)
 
 

@@ -66,8 +66,9 @@ def run_plan(
     cache = cache or StepCache()
     reporter = reporter or Reporter()
     out_dir = output_dir_for(plan, output_root)
-    lock = out_dir.parent / f".{out_dir.name}.lock"
-    with exclusive(lock, wait_seconds=wait_seconds, on_wait=reporter.message):
+    with exclusive(
+        lock_path_for(out_dir), out_dir, wait_seconds=wait_seconds, on_wait=reporter.message
+    ):
         _sweep_stale(out_dir)
         staging = out_dir.parent / f".staging-{out_dir.name}-{os.getpid()}"
         staging.mkdir(parents=True)
@@ -90,6 +91,15 @@ def run_plan(
             shutil.rmtree(staging, ignore_errors=True)
     final = {name: out_dir / p.relative_to(staging) for name, p in models.items()}
     return BuildResult(out_dir, manifest, final)
+
+
+def lock_path_for(out_dir: Path) -> Path:
+    """A lock per output directory, kept outside it so a failed build leaves nothing there."""
+    import hashlib
+    import tempfile
+
+    key = hashlib.sha256(str(out_dir.resolve()).encode()).hexdigest()[:32]
+    return Path(tempfile.gettempdir()) / "winml-recipes-locks" / f"{key}.lock"
 
 
 def _sweep_stale(out_dir: Path) -> None:

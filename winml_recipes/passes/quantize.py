@@ -10,9 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from winml_recipes.engine.registry import Pass, model_file, register
+from winml_recipes.engine.registry import Pass, check_component, model_file, register
 from winml_recipes.engine.types import ModelFacts, PlanContext, StepContext, StepResult
-from winml_recipes.errors import PlanError
 from winml_recipes.presets import Target, precisions_of_kind
 from winml_recipes.quant.config import QUANTIZE_OPTIONS_SCHEMA, QuantConfig, resolve
 
@@ -33,11 +32,8 @@ class QuantizePass(Pass):
     def check(self, options: dict[str, Any], ctx: PlanContext) -> None:
         cfg = resolve(options, ctx.target)
         cal = cfg.calibration
-        if cal is not None and cal.inputs_from and cal.inputs_from not in ctx.components:
-            raise PlanError(
-                f"quantize.calibration.inputs_from: unknown component '{cal.inputs_from}'; "
-                f"components: {', '.join(ctx.components)}"
-            )
+        if cal is not None and cal.inputs_from:
+            check_component(cal.inputs_from, ctx, "quantize.calibration.inputs_from")
         if cal is not None and cal.npz:
             from winml_recipes.feeds import check_npz, npz_files
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from winml_recipes.engine.registry import Pass, register
+from winml_recipes.engine.registry import Pass, check_component, register
 from winml_recipes.engine.types import ModelFacts, PlanContext, StepContext, StepResult
-from winml_recipes.errors import PassError, PlanError
+from winml_recipes.errors import PassError
 from winml_recipes.presets import Target
 
 _THRESHOLDS = {
@@ -58,12 +58,8 @@ class VerifyPass(Pass):
         return None
 
     def check(self, options: dict[str, Any], ctx: PlanContext) -> None:
-        src = options.get("inputs_from")
-        if src is not None and src not in ctx.components:
-            raise PlanError(
-                f"verify.inputs_from: unknown component '{src}'; "
-                f"components: {', '.join(ctx.components)}"
-            )
+        if options.get("inputs_from"):
+            check_component(options["inputs_from"], ctx, "verify.inputs_from")
 
     def depends_on(self, options: dict[str, Any]) -> tuple[str, ...]:
         src = options.get("inputs_from")

@@ -303,10 +303,18 @@ def _remaining_message(remaining: list[tuple[str, str]]) -> str:
 
 def _strip_quant_suffix(name: str | None) -> str:
     base = name or "dq"
-    for tail in ("_quantized", "_QuantizeLinear_Output", "_output_quantized", "_quant"):
+    for tail in ("_output_quantized", "_QuantizeLinear_Output", "_quantized", "_quant"):
         if base.endswith(tail) and len(base) > len(tail):
             return base[: -len(tail)]
     return base
+
+
+def _base_name(node: ir.Node) -> str:
+    """A name to derive new node names from: the node's, else its first output's."""
+    if node.name:
+        return node.name
+    outs = [o.name for o in node.outputs if o.name]
+    return outs[0] if outs else node.op_type
 
 
 def _label(node: ir.Node) -> str:
@@ -691,7 +699,7 @@ class _Rewriter:
             "DequantizeLinear",
             inputs,
             attrs,
-            name=f"{_label(anchor)}/dq_{tag}",
+            name=f"{_base_name(anchor)}/dq_{tag}",
             out_names=[self._float_name(data.name, "_dq")],
         )
         return node.outputs[0]
@@ -702,7 +710,7 @@ class _Rewriter:
             anchor,
             "QuantizeLinear",
             inputs,
-            name=f"{_label(anchor)}/q",
+            name=f"{_base_name(anchor)}/q",
             out_names=[self._fresh_name(f"{out.name}_q")],
         )
         result = node.outputs[0]
@@ -717,7 +725,7 @@ class _Rewriter:
             op_type,
             inputs,
             attrs,
-            name=name or _strip_quant_suffix(_label(anchor)),
+            name=name or _strip_quant_suffix(_base_name(anchor)),
             out_names=[self._float_name(out.name)],
         )
         return node.outputs[0]
@@ -774,9 +782,7 @@ class _Rewriter:
             if b is None:
                 raise self._error(node, f"bias '{bias.name}' is not a constant")
             bias_scale = (_const(xs) * _const(ws)).astype(np.float32).reshape(-1)
-            inputs.append(
-                self._constant(node, b.astype(np.float32) * bias_scale, bias.name)
-            )
+            inputs.append(self._constant(node, b.astype(np.float32) * bias_scale, bias.name))
         attrs = {k: a for k, a in node.attributes.items() if k in _CONV_ATTRS}
         y = self._float_op(node, "Conv", inputs, attrs, out=node.outputs[0])
         self._finish(node, [self._requantize(node, y, 6, 7)])
@@ -852,9 +858,13 @@ class _Rewriter:
             y = self._float_op(node, "Softmax", [xf], {"axis": axis}, out=out)
         elif semantics < 13:
             # old semantics (coerced to 2-D at `axis`) in a model whose Softmax is per-axis
-            flat = self._insert(node, "Flatten", [xf], {"axis": axis}, name=f"{_label(node)}/2d")
-            soft = self._insert(node, "Softmax", [flat.outputs[0]], {"axis": -1}, name=_label(node))
-            shape = self._insert(node, "Shape", [xf], name=f"{_label(node)}/shape")
+            flat = self._insert(
+                node, "Flatten", [xf], {"axis": axis}, name=f"{_base_name(node)}/2d"
+            )
+            soft = self._insert(
+                node, "Softmax", [flat.outputs[0]], {"axis": -1}, name=_base_name(node)
+            )
+            shape = self._insert(node, "Shape", [xf], name=f"{_base_name(node)}/shape")
             y = self._float_op(node, "Reshape", [soft.outputs[0], shape.outputs[0]], out=out)
         else:
             raise self._error(
@@ -878,9 +888,7 @@ class _Rewriter:
                 raise self._error(node, f"input C '{c.name}' is not a constant")
             # C is int32 with scale alpha * a_scale * b_scale (onnxruntime's QGemm kernel).
             scale = (np.float32(alpha) * _const(as_) * _const(bs)).astype(np.float32)
-            inputs.append(
-                self._constant(node, carr.astype(np.float32) * scale, c.name)
-            )
+            inputs.append(self._constant(node, carr.astype(np.float32) * scale, c.name))
         attrs = {
             "alpha": alpha,
             "beta": 1.0,
@@ -920,7 +928,7 @@ class _Rewriter:
             node,
             "MatMul",
             [a, b],
-            name=_label(node),
+            name=_base_name(node),
             out_names=[self._float_name(node.outputs[0].name, "_matmul")],
         )
         return self._float_op(node, "Add", [mm.outputs[0], bias], out=node.outputs[0])
@@ -974,7 +982,12 @@ class _Rewriter:
         out = last_mul.outputs[0]
         attrs = dict(node.attributes) if is_conv else {}
         y = self._float_op(
-            last_mul, "Conv" if is_conv else "MatMul", operands, attrs, out=out, name=_label(node)
+            last_mul,
+            "Conv" if is_conv else "MatMul",
+            operands,
+            attrs,
+            out=out,
+            name=_strip_quant_suffix(_base_name(node)),
         )
         self.origin[y.producer()] = (_label(node), node.op_type)
         if factor is not None and weight_side is None:  # both inputs dynamic
@@ -983,7 +996,7 @@ class _Rewriter:
                 last_mul,
                 "Mul",
                 [y, scale_value],
-                name=f"{_label(node)}/scale",
+                name=f"{_base_name(node)}/scale",
                 out_names=[self._float_name(out.name, "_scaled")],
             )
             y = mul.outputs[0]
@@ -1120,15 +1133,22 @@ class _Rewriter:
         padded = (1,) * (rank - bias.ndim) + bias.shape
         if len(padded) != rank or padded[1] != channels or bias.size != channels:
             return out
-        name = add.inputs[1 - idx].name or "bias"
-        source = add.inputs[1 - idx].producer()
-        if source is not None and source.op_type == "Reshape":
-            name = source.inputs[0].name or name
-        value = self._constant(conv, bias.reshape(-1).astype(dtype), self._float_name(name))
+        value = self._bias_value(conv, add.inputs[1 - idx], bias.reshape(-1).astype(dtype))
         conv.resize_inputs(3)
         conv.replace_input_with(2, value)
         self.counts["bias_add_folded"] += 1
         return add.outputs[0]
+
+    def _bias_value(self, conv: ir.Node, operand: ir.Value, bias: np.ndarray) -> ir.Value:
+        """The 1-D bias: the original tensor when the Add used Reshape(b) of a 1-D `b`."""
+        source = operand.producer()
+        if source is not None and source.op_type == "Reshape":
+            original = source.inputs[0]
+            arr = _const(original)
+            if arr is not None and arr.shape == bias.shape and arr.dtype == bias.dtype:
+                return original
+            return self._constant(conv, bias, original.name or "bias")
+        return self._constant(conv, bias, operand.name or "bias")
 
     # weight-only ops
 
@@ -1160,9 +1180,7 @@ class _Rewriter:
         s_full = np.repeat(s.astype(np.float32), block, axis=1)[:, :k]
         zp_full = np.repeat(zp, block, axis=1)[:, :k]
         weight = ((q.astype(np.float32) - zp_full) * s_full).T.astype(out_dtype)
-        w = self._constant(
-            node, np.ascontiguousarray(weight), node.inputs[1].name
-        )
+        w = self._constant(node, np.ascontiguousarray(weight), node.inputs[1].name)
         y = self._matmul_bias(node, node.inputs[0], w, _input(node, 5))
         self._finish(node, [y])
 
@@ -1336,9 +1354,8 @@ class _Rewriter:
             return x
         if x in self.relu_of:
             return self.relu_of[x]
-        relu = self._insert(
-            q, "Relu", [x], name=f"{_label(q)}/relu", out_names=[self._fresh_name(f"{x.name}_relu")]
-        )
+        name = self._fresh_name(f"{x.name}_relu")
+        relu = self._insert(q, "Relu", [x], name=name, out_names=[name])
         out = relu.outputs[0]
         out.type, out.shape = x.type, x.shape
         self.relu_of[x] = out
@@ -1379,7 +1396,7 @@ class _Rewriter:
             op.op_type,
             inputs,
             dict(op.attributes),
-            name=op.name or _label(op),
+            name=op.name or _base_name(op),
             out_names=[self._float_name(o.name) for o in op.outputs],
             num_outputs=len(op.outputs),
         )
@@ -1404,6 +1421,18 @@ class _Rewriter:
                 if not value.uses() and not value.is_graph_output():
                     del graph.initializers[name]
         RemoveUnusedOpsetsPass()(self.model)
+
+    def unique_node_names(self) -> None:
+        """onnxruntime refuses duplicate node names: suffix the ones this rewrite created."""
+        for graph in self._graph_likes():
+            taken = {n.name for n in graph if n.name and n not in self.internal}
+            for node in graph:
+                if node in self.internal and node.name:
+                    base, i = node.name, 0
+                    while node.name in taken:
+                        i += 1
+                        node.name = f"{base}_{i}"
+                    taken.add(node.name)
 
     def find_remaining(self) -> None:
         self.remaining = []
@@ -1431,4 +1460,5 @@ class _Rewriter:
         self.collapse()
         self.fold()  # DQs that hoisting moved onto constants
         self.cleanup()
+        self.unique_node_names()
         self.find_remaining()

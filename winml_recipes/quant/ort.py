@@ -111,6 +111,7 @@ def quantize_static_qdq(
             use_external_data_format=_large(src),
             **args,
         )
+    restore_float_inputs(out, exclude)
 
 
 def _typed(overrides: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
@@ -164,3 +165,54 @@ def quantizable_op_types() -> set[str]:
     from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
     return set(QDQRegistry) | set(QLinearOpsRegistry)
+
+
+def restore_float_inputs(model_path: Path, float_nodes: list[str]) -> int:
+    """Make nodes kept in float read float tensors again; returns the inputs rewired.
+
+    ORT's QDQ quantizer routes every reader of a quantized tensor through its
+    DequantizeLinear (and the mixed-precision fixer may add a convert), so a node left out of
+    quantization still sees the quantization error. Each such input is traced back through
+    its DQ <- Q (<- DQ <- Q ...) chain to the float tensor; Q/DQ nodes left without readers
+    are dropped.
+    """
+    from winml_recipes.onnx.io import load_model, save_model
+
+    if not float_nodes:
+        return 0
+    model = load_model(model_path)
+    graph = model.graph
+    producer = {o: n for n in graph.node for o in n.output}
+    wanted = set(float_nodes)
+    rewired = 0
+    for node in graph.node:
+        if node.name not in wanted:
+            continue
+        for k, name in enumerate(node.input):
+            source = name
+            while (dq := producer.get(source)) is not None and dq.op_type == "DequantizeLinear":
+                q = producer.get(dq.input[0])
+                if q is None or q.op_type != "QuantizeLinear":
+                    break
+                source = q.input[0]
+            if source != name:
+                node.input[k] = source
+                rewired += 1
+    _drop_unread_qdq(graph)
+    save_model(model, model_path)
+    return rewired
+
+
+def _drop_unread_qdq(graph) -> None:
+    outputs = {o.name for o in graph.output}
+    while True:
+        read = {i for n in graph.node for i in n.input} | outputs
+        dead = [
+            n
+            for n in graph.node
+            if n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.output[0] not in read
+        ]
+        if not dead:
+            return
+        for n in dead:
+            graph.node.remove(n)

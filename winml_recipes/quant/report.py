@@ -21,8 +21,10 @@ QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 
 
 def _dq_fed(node: onnx.NodeProto, producers: dict[str, str]) -> bool:
-    """A QDQ-quantized compute node: its first (activation) input comes from a DQ."""
-    return bool(node.input) and producers.get(node.input[0]) == "DequantizeLinear"
+    """A QDQ-quantized compute node: its data inputs (both operands of MatMul/Conv/Gemm,
+    else the first) come from DequantizeLinear."""
+    data = node.input[:2] if node.op_type in MATMUL_CONV else node.input[:1]
+    return bool(data) and all(producers.get(i) == "DequantizeLinear" for i in data)
 
 
 def quantization_report(float_model: onnx.ModelProto, q_model: onnx.ModelProto) -> dict[str, Any]:

@@ -1,0 +1,145 @@
+"""The SAM 3 recipe end to end against a local Hub: int8 QOperator files (one with an
+.onnx_data sidecar) under the real repo and paths, requantized for the NPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+import yaml
+
+from tests.conftest import CATALOG, RECIPES, cli, sqnr_against_float_sam3
+from tests.hubserver import LocalHub, local_hub  # noqa: F401  (fixture)
+from winml_recipes import api
+
+REPO_ID = "onnx-community/sam3-tracker-ONNX"
+FILES = {
+    "vision_encoder": "onnx/vision_encoder_int8.onnx",
+    "prompt_encoder_mask_decoder": "onnx/prompt_encoder_mask_decoder_int8.onnx",
+}
+
+
+@pytest.fixture(scope="module")
+def int8_files(tmp_path_factory, tiny_build) -> dict[str, bytes]:
+    """sam3-tiny quantized like the published files; the encoder's weights in a sidecar."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    root = tmp_path_factory.mktemp("int8")
+    out: dict[str, bytes] = {}
+    for comp, path in FILES.items():
+        target = root / Path(path).name
+        quantize_dynamic(str(tiny_build.models[comp]), str(target), weight_type=QuantType.QInt8)
+        if comp == "vision_encoder":
+            model = onnx.load(str(target))
+            target.unlink()
+            onnx.save_model(
+                model,
+                str(target),
+                save_as_external_data=True,
+                location=target.name + "_data",
+                size_threshold=1024,
+            )
+            out[path + "_data"] = (root / (target.name + "_data")).read_bytes()
+        out[path] = target.read_bytes()
+    return out
+
+
+@pytest.fixture
+def hub(local_hub: LocalHub, int8_files, tmp_path: Path, monkeypatch) -> LocalHub:  # noqa: F811
+    from huggingface_hub import constants
+
+    for path, data in int8_files.items():
+        local_hub.add_file(REPO_ID, path, data)
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE", "HF_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", local_hub.url)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
+    return local_hub
+
+
+@pytest.fixture
+def tiny_hub_catalog(tmp_path: Path) -> Path:
+    """catalog/sam3.yaml with its Hub refs, at the tiny model's shapes."""
+    real = yaml.safe_load((CATALOG / "sam3.yaml").read_text())
+    tiny = yaml.safe_load((CATALOG / "sam3-tiny.yaml").read_text())
+    real["name"] = "sam3-hub-tiny"
+    for comp, spec in real["components"].items():
+        for key in ("dims", "inputs", "outputs"):
+            spec[key] = tiny["components"][comp][key]
+    directory = tmp_path / "catalog"
+    directory.mkdir()
+    (directory / "sam3-hub-tiny.yaml").write_text(yaml.safe_dump(real, sort_keys=False))
+    return directory
+
+
+def _build(catalog: Path, out: Path):
+    return api.build(
+        RECIPES / "sam3.yaml",
+        defines={"model": "sam3-hub-tiny"},
+        catalog_dir=catalog,
+        device="npu",
+        precision="w8a16",
+        output_root=out,
+    )
+
+
+def test_hub_ls_lists_both_files_and_the_sidecar(hub: LocalHub) -> None:
+    result = cli("hub", "ls", REPO_ID, "--json")
+    assert result.exit_code == 0, result.stderr
+    rows = {r["path"]: r for r in json.loads(result.stdout)}
+    assert set(rows) == set(FILES.values())
+    vision = rows[FILES["vision_encoder"]]
+    assert list(vision["sidecars"]) == [FILES["vision_encoder"] + "_data"]
+    assert vision["commit"] == hub.commit(REPO_ID)
+    text = cli("hub", "ls", REPO_ID).stdout
+    assert FILES["prompt_encoder_mask_decoder"] in text and "+ onnx/vision_encoder_int8" in text
+
+
+def test_sam3_recipe_builds_from_the_hub_and_rebuilds_from_cache(
+    hub: LocalHub, tiny_hub_catalog: Path, tiny_build, tmp_path: Path
+) -> None:
+    first = _build(tiny_hub_catalog, tmp_path / "a")
+    commit = hub.commit(REPO_ID)
+    for comp, path in FILES.items():
+        record = first.manifest["components"][comp]
+        assert record["source"]["kind"] == "hub_onnx"
+        assert record["source"]["revision"] == commit
+        assert record["source"]["ref"] == f"{REPO_ID}@main/{path}"
+        statuses = {s["pass"]: s["status"] for s in record["steps"]}
+        assert statuses["dequantize"] == "ran" and statuses["quantize"] == "ran"
+    sqnr = sqnr_against_float_sam3(tiny_build.models, first.models)
+    print("hub-built w8a16 vs float sam3-tiny:", sqnr)
+    assert min(sqnr[f"image_embeddings.{i}"] for i in range(3)) >= 20, sqnr
+    assert sqnr["iou_scores"] >= 20 and sqnr["pred_masks"] >= 12, sqnr
+
+    model_gets = len([r for r in hub.requests if r[0] == "GET" and ".onnx" in r[1]])
+    second = _build(tiny_hub_catalog, tmp_path / "b")
+    assert len([r for r in hub.requests if r[0] == "GET" and ".onnx" in r[1]]) == model_gets
+    for comp in FILES:
+        steps = second.manifest["components"][comp]["steps"]
+        assert {s["status"] for s in steps} <= {"cached", "skipped"}
+        assert second.models[comp].read_bytes() == first.models[comp].read_bytes()
+
+
+def test_hub_down_is_one_line_and_writes_nothing(
+    hub: LocalHub, tiny_hub_catalog: Path, tmp_path: Path
+) -> None:
+    hub.stop()
+    result = cli(
+        "build",
+        RECIPES / "sam3.yaml",
+        "-D",
+        "model=sam3-hub-tiny",
+        "--catalog",
+        tiny_hub_catalog,
+        "-o",
+        tmp_path / "out",
+    )
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach" in lines[0] and REPO_ID in lines[0], lines
+    assert not (tmp_path / "out").exists()
