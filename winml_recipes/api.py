@@ -30,9 +30,9 @@ def targets_of(recipe: Path | str, **kwargs: Any) -> list[tuple[str, str]]:
     return [(t.device, t.precision) for t in r.targets]
 
 
-def plan(recipe: Path | str, **kwargs: Any) -> Plan:
-    """Validate and plan without running anything."""
-    return make_plan(load(recipe, **kwargs))
+def plan(recipe: Path | str, *, fetch: bool = True, **kwargs: Any) -> Plan:
+    """Validate and plan without running anything (fetch=False: no Hub downloads)."""
+    return make_plan(load(recipe, **kwargs), fetch=fetch)
 
 
 def build(

@@ -80,7 +80,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.argument("recipes", nargs=-1, required=True, type=click.Path(path_type=Path))
 @with_target_options
 def validate(recipes, device, precision, defines, catalog_dir) -> None:
-    """Render and validate recipes (every declared target); print one line per error."""
+    """Render, validate and plan recipes for every declared target (no downloads)."""
     from winml_recipes import api
 
     failed = 0
@@ -90,7 +90,7 @@ def validate(recipes, device, precision, defines, catalog_dir) -> None:
             targets = api.targets_of(path, **kwargs)
             for dev, prec in targets:
                 if device in (None, dev) and precision in (None, prec):
-                    api.plan(path, **{**kwargs, "device": dev, "precision": prec})
+                    api.plan(path, fetch=False, **{**kwargs, "device": dev, "precision": prec})
             click.echo(f"ok: {path} ({', '.join(f'{d}/{p}' for d, p in targets)})")
         except WinmlError as exc:
             failed += 1

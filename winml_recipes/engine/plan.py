@@ -82,19 +82,23 @@ def with_defaults(impl: Pass, options: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def make_plan(recipe: Recipe) -> Plan:
+def make_plan(recipe: Recipe, *, fetch: bool = True) -> Plan:
+    """Plan every component; fetch=False checks the recipe without downloading sources."""
     target = recipe.target
     names = tuple(recipe.components)
     components = [
-        _plan_component(recipe, cname, steps, names) for cname, steps in recipe.components.items()
+        _plan_component(recipe, cname, steps, names, fetch)
+        for cname, steps in recipe.components.items()
     ]
     return Plan(recipe, target, _build_order(components, recipe))
 
 
-def _plan_component(recipe: Recipe, cname: str, steps: tuple, names: tuple[str, ...]):
+def _plan_component(
+    recipe: Recipe, cname: str, steps: tuple, names: tuple[str, ...], fetch: bool
+) -> ComponentPlan:
     target = recipe.target
     comp = recipe.catalog.components[cname]
-    source = resolve_source(recipe.catalog, comp)
+    source = resolve_source(recipe.catalog, comp, fetch=fetch)
     contract = replace(comp.contract, dims={**comp.contract.dims, **recipe.dims[cname]})
     facts = source_facts(source)
     plan = ComponentPlan(cname, source, contract, facts)

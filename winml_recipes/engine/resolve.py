@@ -16,8 +16,11 @@ def canonical_json(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def resolve_source(entry: CatalogEntry, component: Component) -> Source:
-    """Turn a component's catalog `source` into a `Source`; local files must exist."""
+def resolve_source(entry: CatalogEntry, component: Component, *, fetch: bool = True) -> Source:
+    """Turn a component's catalog `source` into a `Source`; local files must exist.
+
+    With fetch=False (validation) Hub files are classified but not downloaded.
+    """
     spec = component.source
     where = f"{entry.path}: components.{component.name}.source"
     if "config" in spec:
@@ -61,6 +64,8 @@ def resolve_source(entry: CatalogEntry, component: Component) -> Source:
             export=export,
             digest=_spec_digest(digest_input),
         )
+    if isinstance(ref, HubOnnx) and not fetch:
+        return Source("hub_onnx", str(ref), revision=ref.revision, digest=_spec_digest(str(ref)))
     if isinstance(ref, HubOnnx):
         import sys
 
@@ -112,6 +117,9 @@ def _dir_digest(path: Path) -> dict[str, int]:
 
 def source_facts(source: Source) -> ModelFacts:
     """Facts about a source, computed once before planning; never runs onnxruntime."""
+    if source.kind == "hub_onnx" and source.path is None:
+        # Not fetched (validation only): an ONNX file whose other facts are unknown.
+        return ModelFacts(is_onnx=True, has_reference=True)
     if source.path is None:
         return ModelFacts(is_onnx=False)
     return model_facts(source.path)

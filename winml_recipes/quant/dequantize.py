@@ -106,6 +106,7 @@ _SIGN_PRESERVING_OPS: dict[str, tuple[int, ...] | None] = {
     "Expand": (0,),
     "Tile": (0,),
     "Resize": (0,),
+    "Pad": (0,),
     "MaxPool": (0,),
     "AveragePool": (0,),
     "GlobalAveragePool": (0,),
@@ -171,16 +172,6 @@ _ALLOWED_ATTRS: dict[str, frozenset[str]] = {
     "GatherBlockQuantized": frozenset({"bits", "block_size", "quantize_axis", "gather_axis"}),
 }
 
-# Report keys, in describe() order, with the phrase for each.
-_PHRASES: dict[str, tuple[str, str]] = {
-    "weight_dq_folded": ("folded", "weight DQ"),
-    "qdq_pairs_collapsed": ("collapsed", "Q/DQ pair"),
-    "conv_integer_replaced": ("replaced", "ConvInteger fusion"),
-    "matmul_integer_replaced": ("replaced", "MatMulInteger fusion"),
-    "bias_add_folded": ("folded", "bias Add into Conv"),
-    "relu_restored": ("restored", "Relu clamp"),
-    "passthrough_converted": ("converted", "integer data-movement op"),
-}
 _REPLACED_OPS = (
     "QLinearConv",
     "QLinearMatMul",
@@ -201,12 +192,32 @@ _REPLACED_OPS = (
 
 
 def _snake(op: str) -> str:
-    out = op.replace("QLinear", "Qlinear").replace("NBits", "Nbits").replace("QGemm", "Qgemm")
+    """Report key stem of an op: QLinearConv -> qlinear_conv, MatMulNBits -> matmul_nbits."""
+    out = op.replace("QLinear", "Qlinear").replace("MatMul", "Matmul").replace("NBits", "Nbits")
+    out = out.replace("QGemm", "Qgemm")
     return "".join("_" + c.lower() if c.isupper() else c for c in out).lstrip("_")
 
 
-for _op in _REPLACED_OPS:
-    _PHRASES[f"{_snake(_op)}_replaced"] = ("replaced", _op)
+# Report keys in describe() order: (singular, plural) phrase templates.
+_PHRASES: dict[str, tuple[str, str]] = {
+    "weight_dq_folded": ("folded {n} weight DQ", "folded {n} weight DQ"),
+    "qdq_pairs_collapsed": ("collapsed {n} Q/DQ pair", "collapsed {n} Q/DQ pairs"),
+    "conv_integer_replaced": (
+        "replaced {n} ConvInteger fusion",
+        "replaced {n} ConvInteger fusions",
+    ),
+    "matmul_integer_replaced": (
+        "replaced {n} MatMulInteger fusion",
+        "replaced {n} MatMulInteger fusions",
+    ),
+    **{f"{_snake(op)}_replaced": (f"replaced {{n}} {op}",) * 2 for op in _REPLACED_OPS},
+    "bias_add_folded": ("folded {n} bias Add into Conv", "folded {n} bias Adds into Conv"),
+    "passthrough_converted": (
+        "moved {n} integer data-movement op to float",
+        "moved {n} integer data-movement ops to float",
+    ),
+    "relu_restored": ("restored {n} Relu clamp", "restored {n} Relu clamps"),
+}
 
 
 @dataclass
@@ -219,20 +230,17 @@ class DequantizeReport:
 
     def describe(self) -> str:
         """One line, e.g. "folded 12 weight DQ, collapsed 40 Q/DQ pairs"."""
+        keys = [k for k in _PHRASES if k in self.counts]
+        keys += [k for k in self.counts if k not in _PHRASES]
         parts = []
-        for key, n in self.counts.items():
-            if not n:
-                continue
-            verb, noun = _PHRASES.get(key, ("rewrote", key))
-            plural = "" if n == 1 or noun.endswith(("DQ", "Add into Conv")) else "s"
-            if noun[:1].isupper() and " " not in noun:
-                plural = ""  # op names stay as written: "replaced 3 QLinearConv"
-            parts.append(f"{verb} {n} {noun}{plural}")
+        for key in keys:
+            n = self.counts[key]
+            if n:
+                one, many = _PHRASES.get(key, (f"{key}: {{n}}",) * 2)
+                parts.append((one if n == 1 else many).format(n=n))
         if self.remaining:
             parts.append(f"left {len(self.remaining)} quantized ops")
-        if not parts:
-            return "already float: nothing to do"
-        return ", ".join(parts)
+        return ", ".join(parts) if parts else "already float: nothing to do"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -252,7 +260,9 @@ def dequantize_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Dequantiz
     """
     if not any(_is_quant_op(n.op_type, n.domain) for n in _all_proto_nodes(model)):
         return _copy(model), DequantizeReport()
-    rewriter = _Rewriter(ir.from_proto(model))
+    # onnx_ir wraps (does not copy) the tensors of the proto it reads, and renaming a value
+    # renames its tensor: work on a copy so the caller's model is never touched.
+    rewriter = _Rewriter(ir.from_proto(_copy(model)))
     rewriter.run()
     report = rewriter.report()
     if report.remaining:
@@ -412,14 +422,31 @@ def _non_negative(value: ir.Value, depth: int = 0) -> bool:
         return False
     if node.op_type in _NON_NEGATIVE_OPS:
         return True
+    if node.op_type == "Cast":  # from bool or an unsigned integer
+        source = node.inputs[0].dtype if node.inputs and node.inputs[0] is not None else None
+        return source in (DT.BOOL, DT.UINT8, DT.UINT16, DT.UINT32, DT.UINT64)
     if node.op_type not in _SIGN_PRESERVING_OPS:
         return False
+    if node.op_type == "Pad":
+        fill = _const(_input(node, 2))
+        if _input(node, 2) is not None and (fill is None or np.any(fill < 0)):
+            return False
     indices = _SIGN_PRESERVING_OPS[node.op_type]
     inputs = node.inputs if indices is None else [_input(node, i) for i in indices]
     return all(v is not None and _non_negative(v, depth + 1) for v in inputs)
 
 
-def _effective_zp(zp: ir.Value | None, dtype: ir.DataType | None) -> np.ndarray | None:
+def _is_scalar_param(value: ir.Value) -> bool:
+    """A per-tensor scale/zero point: a one-element constant or a DynamicQuantizeLinear output."""
+    arr = _const(value)
+    if arr is not None:
+        return arr.size == 1
+    producer = value.producer()
+    return producer is not None and producer.op_type == "DynamicQuantizeLinear"
+
+
+def _effective_zp(zp: ir.Value | None) -> np.ndarray | None:
+    """The zero point as an array (zeros when absent), or None when not a constant."""
     arr = _const(zp)
     if arr is not None:
         return arr
@@ -433,7 +460,7 @@ def _same_param(a: ir.Value | None, b: ir.Value | None, *, zero_default: bool) -
     if a is b:
         return True
     if zero_default:
-        aa, bb = _effective_zp(a, None), _effective_zp(b, None)
+        aa, bb = _effective_zp(a), _effective_zp(b)
     else:
         aa, bb = _const(a), _const(b)
     if aa is None or bb is None:
@@ -501,6 +528,7 @@ class _Rewriter:
         self.internal: set[ir.Node] = set()  # nodes this rewrite created
         self.origin: dict[ir.Node, tuple[str, str]] = {}  # created node -> original node
         self.fresh: set[ir.Value] = set()  # values this rewrite created (renamable)
+        self.retired: set[ir.Value] = set()  # values whose name was handed over
         self.owner: dict[ir.Graph, ir.Graph | ir.Function] = {}
         self.function_graphs: set[ir.Graph] = set()
         self.names: set[str] = set()
@@ -586,12 +614,19 @@ class _Rewriter:
         self.origin[node] = self._origin_of(anchor)
         return node
 
-    def _constant(self, anchor: ir.Node, array: np.ndarray, name: str) -> ir.Value:
+    def _constant(self, anchor: ir.Node, array: np.ndarray, source: str | ir.Value) -> ir.Value:
         """A new constant next to `anchor`: an initializer, or a Constant node in a function.
 
-        It is named after `name` without the quantizer's suffix ("w_quantized" -> "w").
+        It is named after `source` without the quantizer's suffix ("w_quantized" -> "w");
+        a source read only by `anchor` (about to go) gives up its name.
         """
-        name = self._fresh_name(_strip_quant_suffix(name))
+        if isinstance(source, ir.Value):
+            base = _strip_quant_suffix(source.name)
+            if base == source.name:
+                self._free_name(source, anchor)
+        else:
+            base = _strip_quant_suffix(source)
+        name = self._fresh_name(base)
         tensor = ir.tensor(array, name=name)
         graph = anchor.graph
         if graph in self.function_graphs:
@@ -607,6 +642,21 @@ class _Rewriter:
         self.fresh.add(value)
         return value
 
+    def _free_name(self, value: ir.Value, user: ir.Node) -> None:
+        """Rename `value` out of the way when `user` is its only reader."""
+        if not value.name or value.is_graph_input() or value.is_graph_output():
+            return
+        if any(usage.node is not user for usage in value.uses()):
+            return
+        old = value.name
+        new = self._fresh_name(f"{old}__quantized")
+        self.retired.add(value)
+        if value.is_initializer():
+            ir.convenience.rename_values(value, new)
+        else:
+            value.name = new
+        self.names.discard(old)
+
     def _replace(self, old: ir.Value, new: ir.Value) -> None:
         """Point every use of `old` (graph outputs too, keeping their names) at `new`."""
         if new.type is None and old.type is not None and old.dtype in _FLOAT_DTYPES:
@@ -616,8 +666,9 @@ class _Rewriter:
         graph = old.graph
         name = old.name
         if not old.is_graph_output():
-            if new in self.fresh and old not in self.fresh and name and not new.is_initializer():
-                old.name = self._fresh_name(f"{name}__replaced")
+            takes_name = new in self.fresh and not new.is_initializer()
+            if takes_name and name and old not in self.fresh and old not in self.retired:
+                self._retire(old)
                 new.name = name
             old.replace_all_uses_with(new)
             return
@@ -634,9 +685,14 @@ class _Rewriter:
             ident = self._insert(anchor, "Identity", [new], name=f"{name}_identity")
             new = ident.outputs[0]
             new.type, new.shape = old.type, old.shape
-        old.name = self._fresh_name(f"{name}__replaced")
+        self._retire(old)
         new.name = name
         old.replace_all_uses_with(new, replace_graph_outputs=True)
+
+    def _retire(self, value: ir.Value) -> None:
+        """Move `value` (about to be dropped) off its name so a replacement can take it."""
+        value.name = self._fresh_name(f"{value.name}__replaced")
+        self.retired.add(value)
 
     def _remove(self, node: ir.Node) -> None:
         self.owner[node.graph].remove(node, safe=True)
@@ -782,7 +838,7 @@ class _Rewriter:
             if b is None:
                 raise self._error(node, f"bias '{bias.name}' is not a constant")
             bias_scale = (_const(xs) * _const(ws)).astype(np.float32).reshape(-1)
-            inputs.append(self._constant(node, b.astype(np.float32) * bias_scale, bias.name))
+            inputs.append(self._constant(node, b.astype(np.float32) * bias_scale, bias))
         attrs = {k: a for k, a in node.attributes.items() if k in _CONV_ATTRS}
         y = self._float_op(node, "Conv", inputs, attrs, out=node.outputs[0])
         self._finish(node, [self._requantize(node, y, 6, 7)])
@@ -888,7 +944,7 @@ class _Rewriter:
                 raise self._error(node, f"input C '{c.name}' is not a constant")
             # C is int32 with scale alpha * a_scale * b_scale (onnxruntime's QGemm kernel).
             scale = (np.float32(alpha) * _const(as_) * _const(bs)).astype(np.float32)
-            inputs.append(self._constant(node, carr.astype(np.float32) * scale, c.name))
+            inputs.append(self._constant(node, carr.astype(np.float32) * scale, c))
         attrs = {
             "alpha": alpha,
             "beta": 1.0,
@@ -978,7 +1034,7 @@ class _Rewriter:
             if kind == "dynamic":
                 operands.append(self._dq(node, value, scale, zp, tag="ab"[i]))
             else:
-                operands.append(self._constant(node, arrays[i], value.name))
+                operands.append(self._constant(node, arrays[i], value))
         out = last_mul.outputs[0]
         attrs = dict(node.attributes) if is_conv else {}
         y = self._float_op(
@@ -1010,8 +1066,8 @@ class _Rewriter:
         data, zp = _input(node, data_index), _input(node, zp_index)
         if data is None:
             return None
-        if _const(data) is not None:
-            if zp is not None and _const(zp) is None:
+        if _const_tensor(data) is not None:
+            if zp is not None and _const_tensor(zp) is None:
                 raise self._error(node, f"zero point '{zp.name}' is not a constant")
             self._check_dtype(node, data, _QLINEAR_DTYPES)
             return ("const", data, None, zp)
@@ -1036,9 +1092,9 @@ class _Rewriter:
         if cast.op_type != "Cast" or cast.domain not in ("", "ai.onnx"):
             return None
         to = DT(_attr_int(cast, "to", 0))
-        if to not in (DT.FLOAT, DT.FLOAT16):
+        if to != DT.FLOAT:  # DynamicQuantizeLinear reads float32: the float op stays float32
             return None
-        need_dynamic = {s[2] for s in sides if s[0] == "dynamic"}
+        need_dynamic = [s[2] for s in sides if s[0] == "dynamic"]  # may hold one scale twice
         need_const = any(s[0] == "const" for s in sides)
         consts: list[np.ndarray] = []
         cur, last = cast.outputs[0], None
@@ -1054,7 +1110,7 @@ class _Rewriter:
                 return None
             for leaf in leaves:
                 if leaf in need_dynamic:
-                    need_dynamic.discard(leaf)
+                    need_dynamic.remove(leaf)
                     continue
                 arr = _const(leaf)
                 if arr is None:
@@ -1147,8 +1203,8 @@ class _Rewriter:
             arr = _const(original)
             if arr is not None and arr.shape == bias.shape and arr.dtype == bias.dtype:
                 return original
-            return self._constant(conv, bias, original.name or "bias")
-        return self._constant(conv, bias, operand.name or "bias")
+            return self._constant(conv, bias, original)
+        return self._constant(conv, bias, operand)
 
     # weight-only ops
 
@@ -1180,7 +1236,7 @@ class _Rewriter:
         s_full = np.repeat(s.astype(np.float32), block, axis=1)[:, :k]
         zp_full = np.repeat(zp, block, axis=1)[:, :k]
         weight = ((q.astype(np.float32) - zp_full) * s_full).T.astype(out_dtype)
-        w = self._constant(node, np.ascontiguousarray(weight), node.inputs[1].name)
+        w = self._constant(node, np.ascontiguousarray(weight), node.inputs[1])
         y = self._matmul_bias(node, node.inputs[0], w, _input(node, 5))
         self._finish(node, [y])
 
@@ -1216,7 +1272,7 @@ class _Rewriter:
         table = _dequantize_array(
             data, scales, zps, axis=qaxis, block_size=block, out_dtype=scales.dtype
         )
-        t = self._constant(node, table, data_value.name)
+        t = self._constant(node, table, data_value)
         y = self._float_op(
             node, "Gather", [t, node.inputs[1]], {"axis": gaxis}, out=node.outputs[0]
         )
@@ -1263,9 +1319,9 @@ class _Rewriter:
             out = node.outputs[0]
             if out.name and not out.is_graph_output():  # its name is free for the constant
                 free = out.name
-                out.name = self._fresh_name(f"{free}__replaced")
+                self._retire(out)
                 self.names.discard(free)
-            value = self._constant(node, arr, data_value.name)
+            value = self._constant(node, arr, data_value)
             self.folded[key] = value
         self._replace(node.outputs[0], value)
         self._remove(node)
@@ -1331,7 +1387,7 @@ class _Rewriter:
         if not same:
             return False
         x = q.inputs[0]
-        zp = _effective_zp(_input(q, 2), qtype)
+        zp = _effective_zp(_input(q, 2))
         clamps = (
             zp is not None
             and scale is not None
@@ -1339,6 +1395,10 @@ class _Rewriter:
             and bool(np.all(scale > 0))
         )
         new = self._clamped(x, q) if clamps else x
+        out_dtype = _attr_int(dq, "output_dtype", 0)
+        if out_dtype and x.dtype is not None and DT(out_dtype) != x.dtype:
+            name = self._float_name(dq.outputs[0].name, "_cast")
+            new = self._insert(dq, "Cast", [new], {"to": out_dtype}, name=name).outputs[0]
         self._replace(dq.outputs[0], new)
         self._remove(dq)
         if q not in self.internal and dq not in self.internal:
@@ -1350,7 +1410,7 @@ class _Rewriter:
 
     def _clamped(self, x: ir.Value, q: ir.Node) -> ir.Value:
         """`x`, behind a Relu when the quantized range [0, max] clamped negatives away."""
-        if _const(x) is not None or _non_negative(x):
+        if _const_tensor(x) is not None or _non_negative(x):
             return x
         if x in self.relu_of:
             return self.relu_of[x]
@@ -1365,8 +1425,8 @@ class _Rewriter:
     def _hoist(self, op: ir.Node, dq: ir.Node) -> bool:
         """DQ(Transpose(q)) -> Transpose(DQ(q)) for per-tensor DQs (all users must agree)."""
         for i in (1, 2):
-            arr = _const(_input(dq, i))
-            if _input(dq, i) is not None and (arr is None or arr.size != 1):
+            value = _input(dq, i)
+            if value is not None and not _is_scalar_param(value):
                 return False
         data_in, data_out = _PASSTHROUGH[op.op_type]
         in_idx = range(len(op.inputs)) if data_in is None else data_in
@@ -1442,7 +1502,9 @@ class _Rewriter:
                 continue
             if node.graph is main and self._is_interface(node):
                 continue
-            self.remaining.append(self._origin_of(node))
+            origin = self._origin_of(node)
+            if origin not in self.remaining:
+                self.remaining.append(origin)
 
     @staticmethod
     def _is_interface(node: ir.Node) -> bool:
