@@ -383,7 +383,11 @@ def _dtype_of(value: ir.Value | None) -> ir.DataType | None:
 
 
 def _const_eval(value: ir.Value | None) -> np.ndarray | None:
-    """A constant, or Reshape/Unsqueeze/Identity of constants (how bias shapes are made)."""
+    """A constant, or Reshape/Unsqueeze/Identity of constants (how bias shapes are made).
+
+    Three numpy lines instead of a constant-folding pass: only the bias of a dynamic
+    ConvInteger needs it, and folding the whole graph would change unrelated nodes.
+    """
     arr = _const(value)
     if arr is not None or value is None:
         return arr
@@ -1241,7 +1245,8 @@ class _Rewriter:
         self._finish(node, [y])
 
     def _gather_block_quantized(self, node: ir.Node) -> None:
-        # data, indices, scales, zero_points
+        # data, indices, scales, zero_points. One difference remains: the contrib op gives
+        # zeros for an out-of-range index where Gather fails.
         self._check_attrs(node)
         data_value = node.inputs[0]
         dtype = _dtype_of(data_value)
@@ -1483,7 +1488,11 @@ class _Rewriter:
         RemoveUnusedOpsetsPass()(self.model)
 
     def unique_node_names(self) -> None:
-        """onnxruntime refuses duplicate node names: suffix the ones this rewrite created."""
+        """onnxruntime refuses duplicate node names: suffix the ones this rewrite created.
+
+        (onnx_ir's NameFixPass would also name every unnamed original node; this touches
+        only the nodes created here.)
+        """
         for graph in self._graph_likes():
             taken = {n.name for n in graph if n.name and n not in self.internal}
             for node in graph:
