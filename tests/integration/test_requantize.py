@@ -95,5 +95,5 @@ def test_requantize_for_npu_matches_the_original_float_model(int8_project, tiny_
     # Against the ORIGINAL float sam3-tiny, on inputs neither calibration nor verify used.
     sqnr = sqnr_against_float_sam3(tiny_build.models, result.models)
     print("requantized vs original float:", sqnr)
-    assert min(sqnr[f"image_embeddings.{i}"] for i in range(3)) >= 20, sqnr
-    assert sqnr["iou_scores"] >= 20 and sqnr["pred_masks"] >= 12, sqnr
+    assert min(sqnr[f"image_embeddings.{i}"] for i in range(3)) >= 28, sqnr
+    assert sqnr["iou_scores"] >= 30 and sqnr["pred_masks"] >= 20, sqnr

@@ -110,11 +110,14 @@ def test_sam3_recipe_builds_from_the_hub_and_rebuilds_from_cache(
         assert record["source"]["revision"] == commit
         assert record["source"]["ref"] == f"{REPO_ID}@main/{path}"
         statuses = {s["pass"]: s["status"] for s in record["steps"]}
-        assert statuses["dequantize"] == "ran" and statuses["quantize"] == "ran"
+        # The quantize step may come from the cache: its input (the dequantized graph) can
+        # be byte-identical to one another test built from a local file.
+        assert statuses["dequantize"] in ("ran", "cached"), statuses
+        assert statuses["quantize"] in ("ran", "cached"), statuses
     sqnr = sqnr_against_float_sam3(tiny_build.models, first.models)
     print("hub-built w8a16 vs float sam3-tiny:", sqnr)
-    assert min(sqnr[f"image_embeddings.{i}"] for i in range(3)) >= 20, sqnr
-    assert sqnr["iou_scores"] >= 20 and sqnr["pred_masks"] >= 12, sqnr
+    assert min(sqnr[f"image_embeddings.{i}"] for i in range(3)) >= 28, sqnr
+    assert sqnr["iou_scores"] >= 30 and sqnr["pred_masks"] >= 20, sqnr
 
     model_gets = len([r for r in hub.requests if r[0] == "GET" and ".onnx" in r[1]])
     second = _build(tiny_hub_catalog, tmp_path / "b")
