@@ -30,6 +30,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
@@ -461,3 +462,16 @@ def local_hub() -> Iterator[LocalHub]:
         yield hub
     finally:
         hub.stop()
+
+
+def point_hf_at(hub: LocalHub, hf_home: Path, monkeypatch) -> None:
+    """HF_* for this test: the local Hub, a private cache, online, no token, no telemetry."""
+    from huggingface_hub import constants
+
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)

@@ -145,7 +145,6 @@ def plan(recipe, device, precision, defines, catalog_dir, as_json) -> None:
 @click.option(
     "--onnx",
     "onnx_file",
-    type=click.Path(path_type=Path),
     help="Build this ONNX file from the presets instead of a recipe (needs --device).",
 )
 @click.option(
@@ -187,8 +186,10 @@ def build(
             raise RecipeError("--onnx needs --device (cpu, gpu, npu)")
         reporter = _reporter(as_json)
         with reporter:
+            from winml_recipes.sources import local_model_file
+
             result = api.build_onnx(
-                onnx_file,
+                local_model_file(onnx_file),
                 device=device,
                 precision=precision,
                 shapes=parse_shapes(shapes),
@@ -351,15 +352,18 @@ def schema(name, write, directory) -> None:
 
 
 @main.command()
-@click.argument("model", type=click.Path(path_type=Path))
+@click.argument("model")
 @click.option("--json", "as_json", is_flag=True)
 def inspect(model, as_json) -> None:
-    """Describe an ONNX file: quantization, I/O, opsets, ops (no inference run)."""
+    """Describe an ONNX file (local path or org/repo/file.onnx): quantization, I/O, ops."""
     import yaml
 
     from winml_recipes.onnx.digest import graph_digest
     from winml_recipes.onnx.io import load_model
     from winml_recipes.onnx.quant import detect_quantization
+    from winml_recipes.sources import local_model_file
+
+    shown, model = model, local_model_file(model)
 
     proto = load_model(model, load_external_data=False)
     digest = graph_digest(proto, base_dir=model.parent)
@@ -367,7 +371,7 @@ def inspect(model, as_json) -> None:
         _echo_json(digest)
         return
     quant = detect_quantization(proto)
-    click.echo(f"{model}: " + (f"quantized ({quant.describe()})" if quant.quantized else "float"))
+    click.echo(f"{shown}: " + (f"quantized ({quant.describe()})" if quant.quantized else "float"))
     click.echo(yaml.safe_dump(digest, sort_keys=False).rstrip())
 
 
@@ -375,7 +379,7 @@ EXIT_NEEDS_REWRITE = 3
 
 
 @main.command()
-@click.argument("model", type=click.Path(path_type=Path))
+@click.argument("model")
 @click.option(
     "-o", "--output", type=click.Path(path_type=Path), help="Where to write the float model."
 )
@@ -386,22 +390,28 @@ EXIT_NEEDS_REWRITE = 3
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def dequantize(model, output, check, as_json) -> None:
-    """Rewrite a quantized ONNX model (QDQ, QOperator, dynamic, MatMulNBits) into float."""
+    """Rewrite a quantized ONNX model (QDQ, QOperator, dynamic, MatMulNBits) into float.
+
+    MODEL is a local path or a Hub ONNX file (org/repo/path.onnx).
+    """
     from winml_recipes.errors import RecipeError
     from winml_recipes.onnx.io import load_model, save_model
     from winml_recipes.quant.dequantize import dequantize_model
+    from winml_recipes.sources import local_model_file
+
+    shown, model = model, local_model_file(model)
 
     if not check and output is None:
         raise RecipeError("dequantize needs -o OUT.onnx (or --check to only report)")
     if output is not None and check:
         raise RecipeError("--check writes nothing: drop -o")
-    if output is not None and output.resolve() == model.resolve():
+    if output is not None and output.resolve() == Path(model).resolve():
         raise RecipeError("-o must differ from the input model")
     float_model, report = dequantize_model(load_model(model))
     if as_json:
-        _echo_json({"model": str(model), **report.to_dict(), "summary": report.describe()})
+        _echo_json({"model": shown, **report.to_dict(), "summary": report.describe()})
     else:
-        click.echo(f"{model}: {report.describe()}")
+        click.echo(f"{shown}: {report.describe()}")
     if check:
         sys.exit(EXIT_NEEDS_REWRITE if report.changed else 0)
     if report.changed:

@@ -31,7 +31,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import REPO as REPO_ROOT
-from tests.hubserver import LocalHub, local_hub  # noqa: F401  (fixture)
+from tests.hubserver import LocalHub, local_hub, point_hf_at  # noqa: F401  (fixture)
 from winml_recipes.errors import SourceError
 from winml_recipes.hub import HubEntry, SidecarWarning, download_onnx, list_onnx
 from winml_recipes.onnx.io import load_model
@@ -105,21 +105,13 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.fixture
 def hub(local_hub: LocalHub, models: dict, tmp_path: Path, monkeypatch) -> LocalHub:  # noqa: F811
     """The fake Hub serving the SAM 3 tracker files; HF_* point at it and at a tmp cache."""
-    from huggingface_hub import constants
-
     local_hub.add_file(REPO, VISION, models[VISION])
     local_hub.add_file(REPO, VISION_DATA, models[VISION_DATA])
     local_hub.add_file(REPO, DECODER, models[DECODER])
     local_hub.add_file(REPO, "README.md", b"# sam3 tracker\n")
     local_hub.add_file(REPO, "config.json", b"{}")
     local_hub.add_file(REPO, DECODER, models["decoder_v1"], revision="v1")
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setenv("HF_ENDPOINT", local_hub.url)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
+    point_hf_at(local_hub, tmp_path / "hf", monkeypatch)
     return local_hub
 
 

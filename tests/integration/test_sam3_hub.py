@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.conftest import CATALOG, RECIPES, cli, sqnr_against_float_sam3
-from tests.hubserver import LocalHub, local_hub  # noqa: F401  (fixture)
+from tests.hubserver import LocalHub, local_hub, point_hf_at  # noqa: F401  (fixture)
 from winml_recipes import api
 
 REPO_ID = "onnx-community/sam3-tracker-ONNX"
@@ -48,16 +48,9 @@ def int8_files(tmp_path_factory, tiny_build) -> dict[str, bytes]:
 
 @pytest.fixture
 def hub(local_hub: LocalHub, int8_files, tmp_path: Path, monkeypatch) -> LocalHub:  # noqa: F811
-    from huggingface_hub import constants
-
     for path, data in int8_files.items():
         local_hub.add_file(REPO_ID, path, data)
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE", "HF_TOKEN"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HF_ENDPOINT", local_hub.url)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
+    point_hf_at(local_hub, tmp_path / "hf", monkeypatch)
     return local_hub
 
 
