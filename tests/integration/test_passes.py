@@ -20,7 +20,7 @@ def _steps(result, component: str = "model") -> dict:
 
 def test_normalize_runs_on_unstamped_source_and_stamps(tmp_path) -> None:
     recipe = make_mlp_project(tmp_path)
-    result = api.build(recipe, output_root=tmp_path / "build")
+    result = api.build(recipe, output_root=tmp_path / "build", use_cache=False)
     steps = _steps(result)
     assert steps["normalize"]["status"] == "ran"
     model = onnx.load(str(result.models["model"]))
