@@ -43,15 +43,17 @@ class _Rich(Reporter):
         self.progress.stop()
 
     def step_started(self, component: str, step: PlannedStep) -> None:
-        label = f"{component}: {step.name}"
-        self.task = self.progress.add_task(label, total=1)
+        from rich.markup import escape
+
+        self.task = self.progress.add_task(escape(f"{component}: {step.name}"), total=1)
 
     def step_finished(self, component: str, step: PlannedStep, record: dict[str, Any]) -> None:
+        from rich.markup import escape
+
         status = record["status"]
         extra = f" ({record['reason']})" if status == "skipped" else ""
-        self.progress.update(
-            self.task, completed=1, description=f"{component}: {step.name} [{status}]{extra}"
-        )
+        text = escape(f"{component}: {step.name} [{status}]{extra}")
+        self.progress.update(self.task, completed=1, description=text)
 
     def message(self, text: str) -> None:
         self.console.print(text)

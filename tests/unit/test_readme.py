@@ -1,0 +1,38 @@
+"""The README's examples are real: its recipe validates and its commands exist."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+from tests.conftest import CATALOG, REPO, RECIPES, cli
+
+README = (REPO / "README.md").read_text()
+
+
+def _yaml_blocks() -> list[str]:
+    return re.findall(r"```yaml\n(.*?)```", README, flags=re.S)
+
+
+def test_the_full_recipe_example_validates(tmp_path) -> None:
+    example = next(b for b in _yaml_blocks() if b.startswith("# yaml-language-server"))
+    shutil.copytree(CATALOG, tmp_path / "catalog")
+    shutil.copytree(RECIPES / "_partials", tmp_path / "recipes" / "_partials")
+    path = tmp_path / "recipes" / "example.yaml"
+    path.write_text(example)
+    result = cli("validate", path)
+    assert result.exit_code == 0, result.stderr
+
+
+def test_every_documented_command_has_help() -> None:
+    commands = set(re.findall(r"^winml-recipes ([a-z]+(?: [a-z]+)?)", README, flags=re.M))
+    assert {"validate", "plan", "build", "passes", "schema", "inspect", "dequantize"} <= {
+        c.split()[0] for c in commands
+    }
+    for command in commands:
+        words = command.split()
+        if words[0] in ("catalog", "hub") and len(words) == 2:
+            result = cli(*words, "--help")
+        else:
+            result = cli(words[0], "--help")
+        assert result.exit_code == 0, command
