@@ -32,6 +32,9 @@ def test_manifest_validates_against_schema(tiny_build) -> None:
     steps = manifest["components"]["vision_encoder"]["steps"]
     assert [s["pass"] for s in steps] == ["export", "normalize", "verify"]
     assert steps[1]["status"] == "skipped" and "normalized" in steps[1]["reason"]
+    parity = steps[0]["metrics"]["torch_parity"]  # onnxruntime vs torch on batch-2 inputs
+    assert set(parity) == {"image_embeddings.0", "image_embeddings.1", "image_embeddings.2"}
+    assert all(p["sqnr_db"] > 100 for p in parity.values()), parity
     verify = steps[2]["metrics"]["outputs"]
     assert set(verify) == {"image_embeddings.0", "image_embeddings.1", "image_embeddings.2"}
     assert all(m["cosine"] > 0.9999 for m in verify.values())

@@ -30,7 +30,7 @@ import onnx
 
 from winml_recipes.errors import InternalError, SourceError
 
-__all__ = ["FAMILIES", "ExportRequest", "export_model"]
+__all__ = ["FAMILIES", "ExportOutput", "ExportRequest", "export_model", "export_with_parity"]
 
 
 @dataclass(frozen=True)
@@ -56,8 +56,22 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 _FAMILY_MODULES = {"sam3_tracker": ".sam3_tracker", "auto": ".auto"}
 
 
+@dataclass(frozen=True)
+class ExportOutput:
+    """The exported model and how closely onnxruntime reproduces torch on the trace inputs."""
+
+    model: onnx.ModelProto
+    parity: dict[str, dict[str, float]]  # per output: max_abs, mean_abs, cosine, sqnr_db
+
+
 def export_model(req: ExportRequest) -> onnx.ModelProto:
     """Export one component of one model to an in-memory ONNX model (weights inline)."""
+    return export_with_parity(req).model
+
+
+def export_with_parity(req: ExportRequest) -> ExportOutput:
+    """Export, then run the ONNX model in onnxruntime on the (batch-2) trace inputs and
+    compare with torch: a wrong export or a batch dim that is not really dynamic shows up."""
     where = f"{req.family}/{req.component}"
     if req.family not in FAMILIES:
         raise SourceError(
@@ -231,7 +245,7 @@ def torch_export(
     dynamic_shapes: Mapping[str, Mapping[int, str]] | Sequence[Any],
     opset: int | None,
     kwargs: Mapping[str, Any] | None = None,
-) -> onnx.ModelProto:
+) -> ExportOutput:
     """`torch.onnx.export(dynamo=True)` into a temp dir, then load and normalize the proto.
 
     `dynamic_shapes` uses dim *names* (strings): the exporter turns them into
@@ -261,7 +275,33 @@ def torch_export(
             )
         proto = onnx.load(str(path), load_external_data=True)
     _check_names(proto, input_names, output_names)
-    return normalize(proto)
+    proto = normalize(proto)
+    return ExportOutput(proto, _parity(module, args, proto, input_names, output_names))
+
+
+def _parity(
+    module: Any,
+    args: Sequence[Any],
+    proto: onnx.ModelProto,
+    input_names: Sequence[str],
+    output_names: Sequence[str],
+) -> dict[str, dict[str, float]]:
+    import onnxruntime as ort
+    import torch
+
+    from winml_recipes.onnx.metrics import compare_outputs
+    from winml_recipes.onnx.runtime import session_options
+
+    with torch.no_grad():
+        expected = module(*args)
+    expected = expected if isinstance(expected, tuple | list) else (expected,)
+    session = ort.InferenceSession(
+        proto.SerializeToString(), session_options(), providers=["CPUExecutionProvider"]
+    )
+    feeds = {n: a.numpy() for n, a in zip(input_names, args, strict=True)}
+    got = dict(zip(output_names, session.run(list(output_names), feeds), strict=True))
+    reference = {n: t.numpy() for n, t in zip(output_names, expected, strict=True)}
+    return compare_outputs(reference, got)
 
 
 def _check_names(proto: onnx.ModelProto, inputs: Sequence[str], outputs: Sequence[str]) -> None:

@@ -14,9 +14,7 @@ from typing import TYPE_CHECKING, Any
 from winml_recipes.errors import SourceError
 
 if TYPE_CHECKING:
-    import onnx
-
-    from winml_recipes.exporters import ExportRequest
+    from winml_recipes.exporters import ExportOutput, ExportRequest
 
 COMPONENTS = ("model",)
 
@@ -84,7 +82,7 @@ def _forward_params(model: Any) -> set[str]:
     return set(inspect.signature(model.forward).parameters)
 
 
-def export(req: ExportRequest) -> onnx.ModelProto:
+def export(req: ExportRequest) -> ExportOutput:
     import torch
 
     from winml_recipes.exporters import torch_export

@@ -21,9 +21,7 @@ from typing import TYPE_CHECKING, Any
 from winml_recipes.errors import SourceError
 
 if TYPE_CHECKING:
-    import onnx
-
-    from winml_recipes.exporters import ExportRequest
+    from winml_recipes.exporters import ExportOutput, ExportRequest
 
 COMPONENTS = ("vision_encoder", "prompt_encoder_mask_decoder")
 
@@ -162,7 +160,7 @@ def _decoder_module(model: Any) -> Any:
     return PromptEncoderMaskDecoder(model)
 
 
-def export(req: ExportRequest) -> onnx.ModelProto:
+def export(req: ExportRequest) -> ExportOutput:
     import torch
 
     from winml_recipes.exporters import torch_export

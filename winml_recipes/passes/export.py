@@ -11,11 +11,14 @@ from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
 from winml_recipes.errors import PassError
 from winml_recipes.presets import Target
 
+# onnxruntime must reproduce torch on the (batch-2) trace inputs at least this closely.
+MIN_PARITY_SQNR_DB = 60.0
+
 
 @register
 class ExportPass(Pass):
     name = "export"
-    version = 1
+    version = 2
     summary = "Export a Hugging Face model (id, local dir or random-weight config) to ONNX."
     target_dependent = False
     produces_reference = True
@@ -47,7 +50,7 @@ class ExportPass(Pass):
     def run(
         self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
     ) -> StepResult:
-        from winml_recipes.exporters import ExportRequest, export_model
+        from winml_recipes.exporters import ExportRequest, export_with_parity
         from winml_recipes.onnx.io import save_model
         from winml_recipes.onnx.stamp import write_stamp
 
@@ -56,8 +59,16 @@ class ExportPass(Pass):
             raise PassError("nothing to export: the source is not a model to export")
         request = ExportRequest(**spec, opset=options.get("opset"))
         started = time.perf_counter()
-        model = export_model(request)
+        exported = export_with_parity(request)
+        model = exported.model
         export_seconds = time.perf_counter() - started
+        poor = {n: m for n, m in exported.parity.items() if m["sqnr_db"] < MIN_PARITY_SQNR_DB}
+        if poor:
+            worst = ", ".join(f"{n} {m['sqnr_db']:.1f} dB" for n, m in poor.items())
+            raise PassError(
+                f"the exported graph does not reproduce torch on the trace inputs ({worst}); "
+                "this is an exporter problem, please report it with the model config"
+            )
         write_stamp(model, tool="winml-recipes export")
         out = save_model(model, model_file(out_dir))
         return StepResult(
@@ -66,5 +77,9 @@ class ExportPass(Pass):
                 "export_seconds": round(export_seconds, 3),
                 "opset": next(o.version for o in model.opset_import if o.domain == ""),
                 "nodes": len(model.graph.node),
+                "torch_parity": {
+                    n: {"sqnr_db": round(m["sqnr_db"], 1), "max_abs": float(f"{m['max_abs']:.3g}")}
+                    for n, m in exported.parity.items()
+                },
             },
         )
