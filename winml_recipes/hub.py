@@ -458,6 +458,17 @@ def download_onnx(ref: HubOnnx, *, progress: bool = False) -> HubFile:
     return HubFile(path, commit, sidecars, ref.repo_id, ref.filename, ref.revision)
 
 
+def download_file(repo_id: str, filename: str, revision: str | None = None) -> tuple[Path, str]:
+    """Fetch one small file (e.g. config.json) of a Hub repo; returns (path, commit sha)."""
+    revision = revision or "main"
+    fetch = _Fetch(repo_id, _settings(), False)
+    try:
+        path, _ = fetch.get(filename, revision)
+    except _Missing:
+        raise SourceError(f"file not found in {repo_id}@{revision}: {filename}") from None
+    return path, _commit_of(path, filename)
+
+
 # --------------------------------------------------------------------------- discovery
 
 

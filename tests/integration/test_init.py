@@ -6,7 +6,7 @@ import onnx
 import yaml
 from onnx import TensorProto, helper
 
-from tests.conftest import cli, make_mlp_onnx
+from tests.conftest import CATALOG, cli, make_mlp_onnx
 from tests.hubserver import LocalHub, local_hub, point_hf_at  # noqa: F401  (fixture)
 from winml_recipes import api
 
@@ -72,11 +72,81 @@ def test_init_never_overwrites(tmp_path, monkeypatch) -> None:
     assert (tmp_path / "recipes" / "mlp.yaml").read_text() == before
 
 
-def test_init_refuses_what_is_not_an_onnx_file(tmp_path, monkeypatch) -> None:
+def test_init_refuses_a_catalog_name_and_a_dir_without_config(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    result = cli("init", "google-bert/bert-base-uncased")
-    assert result.exit_code == 2 and "not an ONNX file" in result.stderr
+    result = cli("init", "sam3")
+    assert result.exit_code == 2 and "is a catalog name" in result.stderr
+    (tmp_path / "empty").mkdir()
+    result = cli("init", "./empty")
+    assert result.exit_code == 2 and "has no config.json" in result.stderr
     assert not (tmp_path / "catalog").exists()
+
+
+def _tiny_sam3_config_dir(path):
+    from transformers import Sam3TrackerConfig
+
+    fields = dict(
+        yaml.safe_load((CATALOG / "sam3-tiny.yaml").read_text())["components"]["vision_encoder"][
+            "source"
+        ]["config"]
+    )
+    fields.pop("model_type")
+    Sam3TrackerConfig(**fields).save_pretrained(str(path))
+    return path
+
+
+def test_init_from_a_sam3_config_matches_the_curated_contract(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    _tiny_sam3_config_dir(tmp_path / "sam3dir")
+    assert cli("init", "./sam3dir", "--name", "s3").exit_code == 0
+    made = yaml.safe_load((tmp_path / "catalog" / "s3.yaml").read_text())
+    curated = yaml.safe_load((CATALOG / "sam3-tiny.yaml").read_text())
+    assert made["family"] == "sam3_tracker"
+    for comp, spec in curated["components"].items():
+        for kind in ("inputs", "outputs"):
+            got = {n: t["shape"] for n, t in made["components"][comp][kind].items()}
+            want = {n: t["shape"] for n, t in spec[kind].items()}
+            assert got == want, (comp, kind)
+        assert made["components"][comp]["source"] == {"ref": "../sam3dir"}
+    assert cli("validate", "recipes/s3.yaml").exit_code == 0
+
+
+def test_init_from_a_local_hf_dir_builds(tmp_path, monkeypatch) -> None:
+    import torch
+    from transformers import BertConfig, BertModel
+
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    config = BertConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        vocab_size=100,
+    )
+    BertModel(config).save_pretrained(str(tmp_path / "tiny-bert"))
+    assert cli("init", "./tiny-bert").exit_code == 0
+    entry = yaml.safe_load((tmp_path / "catalog" / "tiny-bert.yaml").read_text())
+    model = entry["components"]["model"]
+    assert entry["family"] == "auto" and model["task"] == "feature-extraction"
+    assert model["outputs"]["last_hidden_state"]["shape"] == ["batch", "sequence", 32]
+    assert "sequence: 16  # TODO" in (tmp_path / "catalog" / "tiny-bert.yaml").read_text()
+    built = api.build(tmp_path / "recipes" / "tiny-bert.yaml", output_root=tmp_path / "out")
+    verify = built.manifest["components"]["model"]["steps"][-1]
+    assert verify["pass"] == "verify" and verify["status"] == "ran"
+
+
+def test_init_from_an_hf_id_reads_its_config_from_the_hub(local_hub, tmp_path, monkeypatch):  # noqa: F811
+    config = tmp_path / "cfg"
+    _tiny_sam3_config_dir(config)
+    local_hub.add_file("acme/sam3-tiny", "config.json", (config / "config.json").read_bytes())
+    point_hf_at(local_hub, tmp_path / "hf", monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    assert cli("init", "acme/sam3-tiny").exit_code == 0
+    entry = yaml.safe_load((tmp_path / "catalog" / "sam3-tiny.yaml").read_text())
+    source = entry["components"]["vision_encoder"]["source"]
+    assert source == {"ref": "acme/sam3-tiny", "revision": local_hub.commit("acme/sam3-tiny")}
+    assert cli("validate", "recipes/sam3-tiny.yaml").exit_code == 0
 
 
 def test_init_from_a_hub_ref_pins_the_commit(local_hub, tmp_path, monkeypatch) -> None:  # noqa: F811

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 
-from tests.conftest import CATALOG, REPO, RECIPES, cli
+from tests.conftest import CATALOG, RECIPES, REPO, cli
 
 README = (REPO / "README.md").read_text()
 

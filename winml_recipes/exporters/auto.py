@@ -127,3 +127,58 @@ def export(req: ExportRequest) -> ExportOutput:
         dynamic_shapes=(tuple(dims for _ in names),),
         opset=req.opset,
     )
+
+
+def task_of(config: Any) -> str:
+    """The task a config's architectures point to (image classification, else features)."""
+    archs = getattr(config, "architectures", None) or []
+    if any(a.endswith("ForImageClassification") for a in archs):
+        return "image-classification"
+    if not archs and getattr(config, "image_size", None) and not getattr(config, "vocab_size", 0):
+        return "image-classification"
+    return "feature-extraction"
+
+
+def catalog_components(config: Any, task: str) -> dict[str, dict[str, Any]]:
+    """The `model` component's I/O contract for a config, without weights."""
+    if task == "image-classification":
+        size = getattr(config, "image_size", 224)
+        h, w = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+        channels = int(getattr(config, "num_channels", 3))
+        return {
+            "model": {
+                "task": task,
+                "dims": {"batch": 1},
+                "inputs": {
+                    "pixel_values": {
+                        "dtype": "float32",
+                        "shape": ["batch", channels, h, w],
+                        "range": [-1.0, 1.0],
+                    }
+                },
+                "outputs": {
+                    "logits": {"dtype": "float32", "shape": ["batch", int(config.num_labels)]}
+                },
+            }
+        }
+    inputs: dict[str, Any] = {
+        "input_ids": {
+            "dtype": "int64",
+            "shape": ["batch", "sequence"],
+            "range": [0, int(getattr(config, "vocab_size", 100))],
+        },
+        "attention_mask": {"dtype": "int64", "shape": ["batch", "sequence"], "values": [1]},
+    }
+    if getattr(config, "type_vocab_size", 0):
+        inputs["token_type_ids"] = {"dtype": "int64", "shape": ["batch", "sequence"], "values": [0]}
+    hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "d_model", 0))
+    return {
+        "model": {
+            "task": task,
+            "dims": {"batch": 1, "sequence": 16},
+            "inputs": inputs,
+            "outputs": {
+                "last_hidden_state": {"dtype": "float32", "shape": ["batch", "sequence", hidden]}
+            },
+        }
+    }

@@ -199,3 +199,64 @@ def export(req: ExportRequest) -> ExportOutput:
         ),
         opset=req.opset,
     )
+
+
+def catalog_components(config: Any) -> dict[str, dict[str, Any]]:
+    """Catalog components (I/O contract and dims) for a Sam3TrackerConfig, without weights.
+
+    Embedding channels follow the mask decoder: fpn/8 and fpn/4 for the two high-resolution
+    levels (conv_s0, conv_s1), fpn for the last; spatial sizes are backbone_feature_sizes.
+    """
+    vision = config.vision_config
+    size = vision.image_size
+    size = int(size[0] if isinstance(size, (list, tuple)) else size)
+    fpn = int(vision.fpn_hidden_size)
+    levels = [
+        (fpn // 8, *vision.backbone_feature_sizes[0]),
+        (fpn // 4, *vision.backbone_feature_sizes[1]),
+        (fpn, *vision.backbone_feature_sizes[2]),
+    ]
+    embeddings = {
+        name: {"dtype": "float32", "shape": ["batch", c, int(h), int(w)]}
+        for name, (c, h, w) in zip(EMBEDDINGS, levels, strict=True)
+    }
+    mask_h, mask_w = (int(d) for d in vision.backbone_feature_sizes[0])
+    frame = [0.0, float(size)]
+    return {
+        "vision_encoder": {
+            "dims": {"batch": 1},
+            "inputs": {
+                "pixel_values": {
+                    "dtype": "float32",
+                    "shape": ["batch", 3, size, size],
+                    "range": [-1.0, 1.0],
+                    "image": {"size": size, "mean": [0.5] * 3, "std": [0.5] * 3},
+                }
+            },
+            "outputs": {
+                n: {"dtype": "float32", "shape": s["shape"]} for n, s in embeddings.items()
+            },
+        },
+        "prompt_encoder_mask_decoder": {
+            "dims": {"batch": 1, "points": 2},
+            "inputs": {
+                "input_points": {
+                    "dtype": "float32",
+                    "shape": ["batch", 1, "points", 2],
+                    "range": frame,
+                },
+                "input_labels": {
+                    "dtype": "int64",
+                    "shape": ["batch", 1, "points"],
+                    "values": [-1, 0, 1],
+                },
+                "input_boxes": {"dtype": "float32", "shape": ["batch", 1, 4], "range": frame},
+                **{n: {**s, "range": [-1.0, 1.0]} for n, s in embeddings.items()},
+            },
+            "outputs": {
+                "iou_scores": {"dtype": "float32", "shape": ["batch", 1, 3]},
+                "pred_masks": {"dtype": "float32", "shape": ["batch", 1, 3, mask_h, mask_w]},
+                "object_score_logits": {"dtype": "float32", "shape": ["batch", 1, 1]},
+            },
+        },
+    }
