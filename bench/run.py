@@ -4,6 +4,8 @@
   torch and should take under 10% of the cold build.
 - calibration memory (bench/calibration_memory.py): peak RSS calibrating the sam3-tiny
   vision encoder with 8 and with 32 samples; the ratio must stay at or below 1.2.
+- decoder quality (bench/quality.py): held-out SQNR of the sam3-tiny decoder under each
+  quantization setting, against the naive baseline measured in the same run.
 
 Run with `make bench`. Prints a table and writes bench/out/results.json.
 """
@@ -79,6 +81,10 @@ def main() -> int:
     import calibration_memory
 
     memory_ok = calibration_memory.main() == 0
+    print()
+    import quality
+
+    quality.main()
     return 0 if ok and memory_ok else 1
 
 
