@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from tests.conftest import cli, make_mlp_project
-from winml_recipes import api
+from winml_recipes import __version__, api
 from winml_recipes.onnx.stamp import is_normalized, read_stamp
 
 
@@ -25,7 +25,7 @@ def test_normalize_runs_on_unstamped_source_and_stamps(tmp_path) -> None:
     assert steps["normalize"]["status"] == "ran"
     model = onnx.load(str(result.models["model"]))
     assert is_normalized(model)
-    assert read_stamp(model)["tool"].startswith("winml-recipes normalize")
+    assert read_stamp(model)["tool"] == f"winml-recipes {__version__} normalize/ort"
 
 
 def test_built_model_as_source_is_not_normalized_twice(tmp_path) -> None:

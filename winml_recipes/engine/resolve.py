@@ -126,13 +126,15 @@ def source_facts(source: Source) -> ModelFacts:
 
 
 def model_facts(path: Path) -> ModelFacts:
+    from winml_recipes.onnx.digest import graph_inputs
     from winml_recipes.onnx.io import load_model, sidecar_paths
     from winml_recipes.onnx.quant import detect_quantization
     from winml_recipes.onnx.stamp import is_normalized
 
-    model = load_model(path)
+    # Graph only: the stamp check streams external weights from disk instead of loading them.
+    model = load_model(path, load_external_data=False)
     quant = detect_quantization(model)
-    normalized = is_normalized(model)
+    normalized = is_normalized(model, base_dir=path.parent)
     dynamic = sorted(
         {
             d.dim_param
@@ -153,5 +155,7 @@ def model_facts(path: Path) -> ModelFacts:
         external_data=bool(sidecars),
         size_bytes=path.stat().st_size + sum(p.stat().st_size for p in sidecars),
         dynamic_dims=tuple(dynamic),
+        inputs=tuple(vi.name for vi in graph_inputs(model.graph)),
+        outputs=tuple(o.name for o in model.graph.output),
         has_reference=not quant.quantized,
     )

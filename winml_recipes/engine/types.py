@@ -46,6 +46,8 @@ class ModelFacts:
     external_data: bool = False
     size_bytes: int = 0
     dynamic_dims: tuple[str, ...] | None = None  # None: unknown until the model exists
+    inputs: tuple[str, ...] = ()  # graph input names (empty until the model exists)
+    outputs: tuple[str, ...] = ()
     has_reference: bool = False  # a float reference exists to verify against
 
     def evolve(self, **changes: Any) -> ModelFacts:

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from winml_recipes import __version__
 from winml_recipes.engine.registry import Pass, model_file, register
 from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
 from winml_recipes.errors import PassError
@@ -69,7 +70,7 @@ class ExportPass(Pass):
                 f"the exported graph does not reproduce torch on the trace inputs ({worst}); "
                 "this is an exporter problem, please report it with the model config"
             )
-        write_stamp(model, tool="winml-recipes export")
+        write_stamp(model, tool=f"winml-recipes {__version__} export")
         out = save_model(model, model_file(out_dir))
         return StepResult(
             out,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from winml_recipes import __version__
 from winml_recipes.engine.registry import Pass, model_file, register
 from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
 from winml_recipes.presets import Target
@@ -18,7 +19,7 @@ from winml_recipes.presets import Target
 @register
 class NormalizePass(Pass):
     name = "normalize"
-    version = 1
+    version = 2
     target_dependent = False
     summary = "Constant folding and cleanup that keeps standard ONNX ops (runs once per model)."
     options_schema = {
@@ -60,7 +61,7 @@ class NormalizePass(Pass):
         before = len(load_model(src, load_external_data=False).graph.node)
         model = _ort_basic(src, ctx.work_dir) if options["backend"] == "ort" else _onnxscript(src)
         model.graph.ClearField("value_info")
-        write_stamp(model, tool=f"winml-recipes normalize/{options['backend']}")
+        write_stamp(model, tool=f"winml-recipes {__version__} normalize/{options['backend']}")
         out = save_model(model, model_file(out_dir))
         after = graph_digest(model)["node_count"]
         return StepResult(out, {"nodes_before": before, "nodes_after": after})
