@@ -10,6 +10,7 @@ stream over the samples twice without holding them.
 from __future__ import annotations
 
 import glob
+import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -246,4 +247,16 @@ def data_digest(options: Mapping[str, Any] | None, base: Path) -> dict[str, str]
         files = npz_files(opts["npz"], base)
     elif opts.get("images"):
         files = image_files(opts["images"], base)
-    return {p.name: file_sha256(p) for p in files}
+    return {os.path.relpath(p, base): file_sha256(p) for p in files}
+
+
+def upstream_data_digest(
+    options: Mapping[str, Any] | None, upstream: Mapping[str, UpstreamComponent], base: Path
+) -> dict[str, Any]:
+    """Data digests of these options and of the upstream component they draw inputs from."""
+    opts = dict(options or {})
+    out: dict[str, Any] = {"own": data_digest(opts, base)}
+    source = opts.get("inputs_from")
+    if source and source in upstream:
+        out[source] = data_digest(upstream[source].calibration, base)
+    return out

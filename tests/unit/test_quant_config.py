@@ -65,7 +65,7 @@ def test_weight_symmetry_follows_the_weight_type() -> None:
     assert cfg("cpu", "int8").weight_symmetric is True
     assert cfg("cpu", "uint8").weight_symmetric is False
     assert cfg("cpu", "uint8", weight_symmetric=True).weight_symmetric is True
-    assert cfg("cpu", "int8", weight_symmetric=False).weight_symmetric is False
+    assert cfg("cpu", "int8", per_channel=False, weight_symmetric=False).weight_symmetric is False
 
 
 def test_recipe_options_override_the_presets() -> None:
@@ -97,8 +97,8 @@ def test_dynamic_mode_has_no_calibration_and_uint8_activations() -> None:
         "uint8",
         "int8",
     )
-    # On npu the QNN default drops out for dynamic mode (QNN only runs static QDQ).
-    assert cfg("npu", "uint8", mode="dynamic").qnn is False
+    # Integer ops from dynamic mode are reported as the QOperator family.
+    assert c.format == "qoperator"
 
 
 def test_auto_mixed_precision_defaults_are_filled() -> None:
@@ -159,10 +159,47 @@ CONTRADICTIONS = [
     ),
     pytest.param(
         "npu",
+        {"mode": "dynamic"},
+        "quantize: npu runs static QDQ models (QNN); mode: dynamic writes integer ops it "
+        "cannot run; use mode: static",
+        id="dynamic-on-npu",
+    ),
+    pytest.param(
+        "cpu",
         {"mode": "dynamic", "qnn": True},
         "quantize: qnn needs mode: static (QNN runs static QDQ models); set qnn: false or "
         "mode: static",
         id="qnn-in-dynamic-mode",
+    ),
+    pytest.param(
+        "cpu",
+        {"mode": "dynamic", "format": "qdq"},
+        "quantize: dynamic mode always writes integer ops (MatMulInteger/ConvInteger); "
+        "remove format",
+        id="format-in-dynamic-mode",
+    ),
+    pytest.param(
+        "cpu",
+        {"mode": "dynamic", "weight_type": "int16"},
+        "quantize: dynamic mode supports uint8 and int8 weights, not int16; set weight_type: "
+        "int8 or uint8",
+        id="dynamic-16-bit-weights",
+    ),
+    pytest.param(
+        "cpu",
+        {"weight_symmetric": False},
+        "quantize: onnxruntime quantizes per-channel weights symmetrically, so weight_symmetric: "
+        "false does nothing; set per_channel: false or remove it",
+        id="asymmetric-per-channel-weights",
+    ),
+    pytest.param(
+        "cpu",
+        {"format": "qoperator", "activation_type": "int8", "weight_type": "uint8"},
+        "quantize: activation_type int8 with weight_type uint8 in format qoperator is not "
+        "supported by onnxruntime (ONNXRuntime quantization doesn't support data "
+        "format:activation_type=QuantType.QInt8, weight_type=QuantType.QUInt8); choose another "
+        "combination",
+        id="ort-unsupported-types",
     ),
     pytest.param(
         "cpu",
@@ -173,7 +210,7 @@ CONTRADICTIONS = [
     pytest.param(
         "cpu",
         {"mode": "dynamic", "activation_type": "int8"},
-        "quantize: dynamic mode quantizes activations to uint8 only; remove activation_type",
+        "quantize: dynamic mode quantizes activations to uint8 at run time; remove activation_type",
         id="dynamic-int8-activations",
     ),
     pytest.param(

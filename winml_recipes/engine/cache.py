@@ -80,6 +80,13 @@ class StepCache:
             result = json.loads((path / RESULT_FILE).read_text())
         except (OSError, ValueError):
             return None
+        # An entry whose files are missing or changed size is not trusted: rebuild it.
+        for name, size in result.get("files", {}).items():
+            try:
+                if (path / name).stat().st_size != size:
+                    return None
+            except OSError:
+                return None
         return CacheEntry(path, result)
 
     def put(self, key: str, files_dir: Path, result: dict[str, Any]) -> CacheEntry | None:
@@ -91,10 +98,15 @@ class StepCache:
         self._sweep(final.parent)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
         try:
+            files = {}
             for f in files_dir.iterdir():
                 if f.is_file():
                     shutil.copy2(f, tmp / f.name)
-            (tmp / RESULT_FILE).write_text(json.dumps(result, sort_keys=True, indent=1))
+                    files[f.name] = f.stat().st_size
+            record = {**result, "files": files}
+            (tmp / RESULT_FILE).write_text(json.dumps(record, sort_keys=True, indent=1))
+            if final.exists() and self.get(key) is None:
+                shutil.rmtree(final, ignore_errors=True)  # a damaged entry: replace it
             try:
                 os.rename(tmp, final)
             except OSError:  # another build stored the same key first: keep theirs

@@ -20,6 +20,7 @@ from winml_recipes.engine.registry import model_file
 from winml_recipes.engine.types import StepContext, StepResult, UpstreamComponent
 from winml_recipes.errors import InternalError, PassError, WinmlError
 from winml_recipes.schemas import SCHEMA_VERSION
+from winml_recipes.specs import IOContract
 
 MANIFEST = "manifest.json"
 GRAPH_DIGEST = "graph.yaml"
@@ -227,7 +228,15 @@ def _run_step(
         options=step.options,
         target=[plan.target.device, plan.target.precision] if impl.target_dependent else None,
         contract=_contract_key(comp) if impl.uses_contract else None,
-        upstream={n: u.digest for n, u in upstream.items()},
+        # Upstream feeds depend on its model, its I/O contract and its calibration source.
+        upstream={
+            n: {
+                "model": u.digest,
+                "contract": _contract_key(u.contract),
+                "calibration": u.calibration,
+            }
+            for n, u in upstream.items()
+        },
         extra=impl.key_material(step.options, ctx),
         seed=plan.recipe.seed,
     )
@@ -283,8 +292,8 @@ def _run_step(
     return record
 
 
-def _contract_key(comp: ComponentPlan) -> Any:
-    c = comp.contract
+def _contract_key(comp: ComponentPlan | IOContract) -> Any:
+    c = comp.contract if isinstance(comp, ComponentPlan) else comp
     return {
         "inputs": [vars(s) for s in c.inputs],
         "outputs": [vars(s) for s in c.outputs],

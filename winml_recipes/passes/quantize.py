@@ -51,9 +51,9 @@ class QuantizePass(Pass):
         return dict(options.get("calibration") or {})
 
     def key_material(self, options: dict[str, Any], ctx: StepContext) -> Any:
-        from winml_recipes.feeds import data_digest
+        from winml_recipes.feeds import upstream_data_digest
 
-        return data_digest(options.get("calibration"), ctx.recipe_dir)
+        return upstream_data_digest(options.get("calibration"), ctx.upstream, ctx.recipe_dir)
 
     def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
         if facts.quantized:

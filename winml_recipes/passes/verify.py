@@ -61,6 +61,12 @@ class VerifyPass(Pass):
         if options.get("inputs_from"):
             check_component(options["inputs_from"], ctx, "verify.inputs_from")
 
+    def key_material(self, options: dict[str, Any], ctx: StepContext) -> Any:
+        from winml_recipes.feeds import upstream_data_digest
+
+        source = {"inputs_from": options["inputs_from"]} if options.get("inputs_from") else None
+        return upstream_data_digest(source, ctx.upstream, ctx.recipe_dir)
+
     def depends_on(self, options: dict[str, Any]) -> tuple[str, ...]:
         src = options.get("inputs_from")
         return (src,) if src else ()

@@ -83,12 +83,12 @@ QUANTIZE_OPTIONS_SCHEMA: dict[str, Any] = {
         "activation_type": {"enum": QUANT_TYPES, "description": "Default: the precision."},
         "weight_type": {"enum": QUANT_TYPES, "description": "Default: the precision."},
         "per_channel": {"type": "boolean", "description": "Default: the device preset."},
-        "activation_symmetric": {"type": "boolean", "default": False},
+        "activation_symmetric": {"type": "boolean", "description": "Default: false."},
         "weight_symmetric": {
             "type": "boolean",
             "description": "Default: true for signed weight types.",
         },
-        "reduce_range": {"type": "boolean", "default": False},
+        "reduce_range": {"type": "boolean", "description": "Default: false."},
         "op_types": {
             "type": "array",
             "items": {"type": "string"},
@@ -174,27 +174,16 @@ def resolve(options: dict[str, Any], target: Target) -> QuantConfig:
             "set format: qdq or qnn: false"
         )
     if mode == "dynamic":
-        if calibration is not None:
-            raise PlanError(
-                "quantize: calibration options do nothing in dynamic mode "
-                "(ranges are computed at run time); remove calibration or use "
-                "mode: static"
-            )
-        if qnn:
-            raise PlanError(
-                "quantize: qnn needs mode: static (QNN runs static QDQ models); "
-                "set qnn: false or mode: static"
-            )
-        if options.get("mixed_precision"):
-            raise PlanError(
-                "quantize: mixed_precision needs mode: static; remove mixed_precision or "
-                "use mode: static"
-            )
-        if "activation_type" in options and activation_type != "uint8":
-            raise PlanError(
-                "quantize: dynamic mode quantizes activations to uint8 only; remove activation_type"
-            )
-        activation_type = "uint8"
+        fmt, activation_type = _check_dynamic(options, target, device, precision)
+    elif (
+        "weight_symmetric" in options
+        and not options["weight_symmetric"]
+        and options.get("per_channel", device.get("per_channel", False))
+    ):
+        raise PlanError(
+            "quantize: onnxruntime quantizes per-channel weights symmetrically, so "
+            "weight_symmetric: false does nothing; set per_channel: false or remove it"
+        )
     if activation_type in ("uint16", "int16") and fmt == "qoperator":
         raise PlanError(
             f"quantize: {activation_type} activations need format: qdq; set format: qdq "
@@ -213,6 +202,7 @@ def resolve(options: dict[str, Any], target: Target) -> QuantConfig:
         auto.setdefault("samples", 4)
     cal = None
     if mode == "static":
+        _check_ort_combination(fmt, activation_type, weight_type)
         c = dict(calibration or {})
         sources = [k for k in ("npz", "images", "inputs_from") if k in c]
         if len(sources) > 1:
@@ -248,3 +238,77 @@ def resolve(options: dict[str, Any], target: Target) -> QuantConfig:
         regions=regions,
         auto=auto,
     )
+
+
+def _check_dynamic(
+    options: dict[str, Any],
+    target: Target,
+    device: dict[str, Any],
+    precision: dict[str, Any],
+) -> tuple[str, str]:
+    """Dynamic mode: integer ops (MatMulInteger/ConvInteger) with run-time u8 activations."""
+    if options.get("calibration") is not None:
+        raise PlanError(
+            "quantize: calibration options do nothing in dynamic mode (ranges are computed at "
+            "run time); remove calibration or use mode: static"
+        )
+    if options.get("qnn"):
+        raise PlanError(
+            "quantize: qnn needs mode: static (QNN runs static QDQ models); set qnn: false or "
+            "mode: static"
+        )
+    if device.get("qnn"):
+        raise PlanError(
+            f"quantize: {target.device} runs static QDQ models (QNN); mode: dynamic writes "
+            "integer ops it cannot run; use mode: static"
+        )
+    if options.get("mixed_precision"):
+        raise PlanError(
+            "quantize: mixed_precision needs mode: static; remove mixed_precision or use "
+            "mode: static"
+        )
+    if "format" in options:
+        raise PlanError(
+            "quantize: dynamic mode always writes integer ops (MatMulInteger/ConvInteger); "
+            "remove format"
+        )
+    for option in ("activation_type", "activation_symmetric"):
+        if option in options:
+            raise PlanError(
+                f"quantize: dynamic mode quantizes activations to uint8 at run time; "
+                f"remove {option}"
+            )
+    if precision["activation_type"] != "uint8" and precision["activation_type"].endswith("16"):
+        raise PlanError(
+            f"quantize: precision {target.precision} asks for {precision['activation_type']} "
+            "activations, but dynamic mode quantizes them to uint8; use mode: static, or "
+            "precision uint8 or int8"
+        )
+    weight = options.get("weight_type", precision["weight_type"])
+    if weight not in ("uint8", "int8"):
+        raise PlanError(
+            f"quantize: dynamic mode supports uint8 and int8 weights, not {weight}; "
+            "set weight_type: int8 or uint8"
+        )
+    return "qoperator", "uint8"
+
+
+def _check_ort_combination(fmt: str, activation_type: str, weight_type: str) -> None:
+    """onnxruntime's own rules for static quantization types, applied at plan time."""
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.quantize import check_static_quant_arguments
+
+    from winml_recipes.quant.ort import quant_type
+
+    try:
+        check_static_quant_arguments(
+            QuantFormat.QDQ if fmt == "qdq" else QuantFormat.QOperator,
+            quant_type(activation_type),
+            quant_type(weight_type),
+        )
+    except ValueError as exc:
+        raise PlanError(
+            f"quantize: activation_type {activation_type} with weight_type {weight_type} "
+            f"in format {fmt} is not supported by onnxruntime ({' '.join(str(exc).split())}); "
+            "choose another combination"
+        ) from None
