@@ -106,6 +106,8 @@ def _component(name: str, data: dict[str, Any], lines: dict, path: Path) -> Comp
                     f"add it under components.{name}.dims",
                     where=f"{path}:{line}",
                 )
+        if spec.image is not None:
+            _check_image(name, spec, lines, path)
         if spec.range and spec.range[0] > spec.range[1]:
             line = lines.get(("components", name, "inputs", spec.name, "range"), 1)
             raise CatalogError(
@@ -119,6 +121,35 @@ def _component(name: str, data: dict[str, Any], lines: dict, path: Path) -> Comp
         data.get("task"),
         source_line=lines.get(("components", name, "source"), 0),
     )
+
+
+def _check_image(component: str, spec: TensorSpec, lines: dict, path: Path) -> None:
+    """An image block must fit its input: 4 dims, 3 channels, the resize size in place."""
+    assert spec.image is not None
+    shape = spec.shape
+    layout = spec.image.layout
+    where = f"$.components.{component}.inputs.{spec.name}.image"
+    line = lines.get(("components", component, "inputs", spec.name, "image"), 1)
+    if len(shape) != 4:
+        raise CatalogError(
+            f"{where}: an image input needs 4 dims ({layout}), the shape has {len(shape)}",
+            where=f"{path}:{line}",
+        )
+    hw = (shape[2], shape[3]) if layout == "NCHW" else (shape[1], shape[2])
+    channels = shape[1] if layout == "NCHW" else shape[3]
+    for got, want in zip(hw, spec.image.size, strict=True):
+        if isinstance(got, int) and got != want:
+            raise CatalogError(
+                f"{where}: size {list(spec.image.size)} does not match the input's "
+                f"{layout} shape {list(shape)}; resize to the model's height and width",
+                where=f"{path}:{line}",
+            )
+    if isinstance(channels, int) and not (
+        len(spec.image.mean) in (1, channels) and len(spec.image.std) in (1, channels)
+    ):
+        raise CatalogError(
+            f"{where}: mean and std need 1 or {channels} values", where=f"{path}:{line}"
+        )
 
 
 def _tensor(name: str, spec: dict[str, Any]) -> TensorSpec:

@@ -26,6 +26,12 @@ class _Group(click.Group):
                 raise
             click.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except OSError as exc:  # a path that is not writable, not a directory, ...
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            where = f"{exc.filename}: " if exc.filename else ""
+            click.echo(f"error: {where}{exc.strerror or exc}", err=True)
+            sys.exit(EXIT_USER)
         except KeyboardInterrupt:
             click.echo("error: interrupted; the previous output and the cache are intact", err=True)
             sys.exit(130)
@@ -414,10 +420,9 @@ def dequantize(model, output, check, as_json) -> None:
         click.echo(f"{shown}: {report.describe()}")
     if check:
         sys.exit(EXIT_NEEDS_REWRITE if report.changed else 0)
-    if report.changed:
-        save_model(float_model, output)
-        if not as_json:
-            click.echo(f"wrote {output}")
+    save_model(float_model, output)
+    if not as_json:
+        click.echo(f"wrote {output}" + ("" if report.changed else " (an unchanged copy)"))
 
 
 @main.command()

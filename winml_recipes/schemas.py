@@ -99,7 +99,12 @@ def recipe_schema() -> dict[str, Any]:
             "name": {"type": "string", "pattern": NAME_PATTERN},
             "description": {"type": "string"},
             "model": {"type": "string", "description": "Catalog entry name (catalog/NAME.yaml)."},
-            "seed": {"type": "integer", "minimum": 0, "default": 0},
+            "seed": {
+                "type": "integer",
+                "minimum": 0,
+                "default": 0,
+                "description": "Added to every step's seed (calibration and verification data).",
+            },
             "targets": {"type": "array", "minItems": 1, "items": _target_schema()},
             "steps": {
                 "$ref": "#/$defs/steps",

@@ -117,6 +117,8 @@ def local_model_file(ref: str, *, base: Path | None = None) -> Path:
     """The local .onnx file for a command-line model argument: a path, or a Hub ONNX ref
     (downloaded, with its sidecars). Anything else is a one-line SourceError."""
     model_ref = classify(ref, base=base)
+    if isinstance(model_ref, CatalogName) and is_onnx_name(ref):
+        raise SourceError("file not found; check the path", where=ref)
     if isinstance(model_ref, LocalOnnx):
         if not model_ref.path.exists():
             raise SourceError("file not found; check the path", where=str(model_ref.path))

@@ -59,12 +59,17 @@ def test_check_mode_writes_nothing_and_exits_3(mlp_pair, tmp_path) -> None:
 
 
 def test_float_model_is_a_noop_with_exit_0(mlp_pair, tmp_path) -> None:
+    """Nothing is rewritten; -o still gets the (unchanged) model, so `&& use OUT` works."""
     float_path, _ = mlp_pair
     out = tmp_path / "out.onnx"
     result = cli("dequantize", float_path, "-o", out)
     assert result.exit_code == 0
-    assert result.stdout.strip() == f"{float_path}: already float: nothing to do"
-    assert not out.exists()
+    assert result.stdout.splitlines() == [
+        f"{float_path}: already float: nothing to do",
+        f"wrote {out} (an unchanged copy)",
+    ]
+    original, copy = onnx.load(str(float_path)), onnx.load(str(out))
+    assert copy.graph.SerializeToString() == original.graph.SerializeToString()
 
 
 def test_not_onnx_is_one_line_exit_2(tmp_path) -> None:

@@ -46,7 +46,9 @@ def resolve_source(entry: CatalogEntry, component: Component, *, fetch: bool = T
         model_id = str(ref.path) if isinstance(ref, LocalHfDir) else ref.repo_id
         if isinstance(ref, LocalHfDir) and not ref.path.is_dir():
             raise SourceError(f"source directory not found: {ref.path}", where=where)
-        revision = None if isinstance(ref, LocalHfDir) else ref.revision
+        revision = None
+        if isinstance(ref, HfModelId):
+            revision = _hub_commit(ref, where) if fetch else ref.revision
         export = {
             "family": family,
             "component": _export_component(family, component.name),
@@ -87,6 +89,17 @@ def resolve_source(entry: CatalogEntry, component: Component, *, fetch: bool = T
         "use a local path, org/repo/file.onnx or an HF model id",
         where=where,
     )
+
+
+def _hub_commit(ref: HfModelId, where: str) -> str:
+    """The commit a model id's revision points to (config.json is fetched to learn it), so
+    the export reads pinned weights and the cache key changes when the repo does."""
+    from winml_recipes.hub import download_file
+
+    try:
+        return download_file(ref.repo_id, "config.json", ref.revision)[1]
+    except SourceError as exc:
+        raise SourceError(exc.message, where=exc.where or where) from None
 
 
 def _family(entry: CatalogEntry, where: str) -> str:

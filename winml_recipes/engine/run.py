@@ -104,10 +104,16 @@ def lock_path_for(out_dir: Path) -> Path:
 
 
 def _sweep_stale(out_dir: Path) -> None:
-    """Remove what an interrupted build left (we hold the lock, so nobody else is writing)."""
-    for pattern in (f".staging-{out_dir.name}-*", f".old-{out_dir.name}-*"):
-        for stale in out_dir.parent.glob(pattern):
-            shutil.rmtree(stale, ignore_errors=True)
+    """Clean up after an interrupted build (we hold the lock, so nobody else is writing).
+
+    A build stopped between the two renames of the swap left the previous output as
+    `.old-*` and no output: put the previous output back.
+    """
+    olds = sorted(out_dir.parent.glob(f".old-{out_dir.name}-*"), key=lambda p: p.stat().st_mtime)
+    if not out_dir.exists() and olds:
+        os.rename(olds.pop(), out_dir)
+    for stale in [*olds, *out_dir.parent.glob(f".staging-{out_dir.name}-*")]:
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _swap_into_place(staging: Path, out_dir: Path) -> None:
@@ -254,7 +260,8 @@ def _run_step(
         try:
             result = impl.run(state.model, out, dict(step.options), ctx)
         except WinmlError as exc:
-            if not exc.where:
+            # Paths inside the cache or the staging area mean nothing to the user.
+            if not exc.where or str(cache.root) in exc.where or str(staging) in exc.where:
                 exc.where = f"{comp.name}/{step.name}"
             raise
         except Exception as exc:  # a pass bug or a library failure on valid input

@@ -121,9 +121,8 @@ def _static(
     cal = cfg.calibration
     assert cal is not None
     cal_options = {k: v for k, v in vars(cal).items() if v is not None}
-    feeds = feeds_for(
-        cal_options, ctx.contract, ctx.recipe_dir, ctx.upstream, cal.samples, cal.seed
-    )
+    seed = cal.seed + ctx.seed  # the recipe's seed shifts every step's seed
+    feeds = feeds_for(cal_options, ctx.contract, ctx.recipe_dir, ctx.upstream, cal.samples, seed)
     model = load_model(src)
     tensors = tensors_to_calibrate(model, list(cfg.op_types) or None)
     settings = CalibrationSettings(
@@ -162,7 +161,7 @@ def _static(
             ctx.recipe_dir,
             ctx.upstream,
             cfg.auto["samples"],
-            cal.seed + HELD_OUT_SEED_OFFSET,
+            seed + HELD_OUT_SEED_OFFSET,
         )
         metrics["mixed_precision_auto"] = promote(
             src, out, cfg, ranges_path, overrides, exclude, held_out, ctx
@@ -203,4 +202,7 @@ def _base_metrics(cfg: QuantConfig) -> dict[str, Any]:
         "activation_type": cfg.activation_type,
         "weight_type": cfg.weight_type,
         "per_channel": cfg.per_channel,
+        "activation_symmetric": cfg.activation_symmetric,
+        "weight_symmetric": cfg.weight_symmetric,
+        "reduce_range": cfg.reduce_range,
     }

@@ -58,6 +58,19 @@ class VerifyPass(Pass):
         return None
 
     def check(self, options: dict[str, Any], ctx: PlanContext) -> None:
+        import difflib
+
+        from winml_recipes.errors import PlanError
+
+        known = [s.name for s in ctx.contract.outputs]
+        for name in options.get("outputs", {}):
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                raise PlanError(
+                    f"verify.outputs: '{name}' is not an output of {ctx.component}{hint}; "
+                    f"outputs: {', '.join(known)}"
+                )
         if options.get("inputs_from"):
             check_component(options["inputs_from"], ctx, "verify.inputs_from")
 
@@ -83,7 +96,7 @@ class VerifyPass(Pass):
             raise PassError("no float reference to compare with")
         contract = ctx.contract
         # Verification seeds differ from calibration seeds: quality is measured on unseen data.
-        seed = options["seed"] + 7919
+        seed = options["seed"] + ctx.seed + 7919
         source = {"inputs_from": options["inputs_from"]} if options.get("inputs_from") else None
         factory = feeds_for(
             source, contract, ctx.recipe_dir, ctx.upstream, options["samples"], seed
