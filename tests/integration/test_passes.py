@@ -210,3 +210,30 @@ def test_auto_family_builds_from_catalog(tmp_path, name, task, config, dims, inp
     assert [s for s in steps] == ["export", "normalize", "verify"]
     assert steps["export"]["status"] == "ran"
     assert all(m["sqnr_db"] >= 60 for m in steps["verify"]["metrics"]["outputs"].values())
+
+
+def test_verify_outputs_must_name_real_outputs(tmp_path) -> None:
+    recipe = make_mlp_project(tmp_path, steps="[{verify: {outputs: {yy: {min_sqnr_db: 1}}}}]")
+    result = cli("plan", recipe)
+    assert result.exit_code == 2
+    assert "verify.outputs: 'yy' is not an output of model (did you mean 'y'?)" in result.stderr
+
+
+def test_inspect_of_a_missing_onnx_file_says_so(tmp_path) -> None:
+    result = cli("inspect", "nonexistent.onnx")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: nonexistent.onnx: file not found; check the path"
+
+
+def test_image_block_must_fit_the_input(tmp_path) -> None:
+    recipe = make_mlp_project(tmp_path)
+    catalog = tmp_path / "catalog" / "mlp.yaml"
+    catalog.write_text(
+        catalog.read_text().replace(
+            "x: {dtype: float32, shape: [batch, 4], range: [-1.0, 1.0]}",
+            "x: {dtype: float32, shape: [batch, 3, 16, 16], image: {size: 32}}",
+        )
+    )
+    result = cli("validate", recipe)
+    assert result.exit_code == 2
+    assert "image: size [32, 32] does not match the input's NCHW shape" in result.stderr

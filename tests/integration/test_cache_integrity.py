@@ -1,0 +1,131 @@
+"""The cache never serves a stale or damaged result, and an interrupted swap is undone."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import onnx
+import yaml
+
+from tests.conftest import cli, make_mlp_onnx
+from winml_recipes import api
+
+TWO_STAGE = """\
+schema_version: 1
+name: chain
+task: feature-extraction
+license: mit
+components:
+  first:
+    source: {ref: ./first.onnx}
+    dims: {batch: 2}
+    inputs: {x: {dtype: float32, shape: [batch, 4], range: [-1.0, 1.0]}}
+    outputs: {y: {shape: [batch, 3]}}
+  second:
+    source: {ref: ./second.onnx}
+    dims: {batch: 2}
+    inputs: {y: {dtype: float32, shape: [batch, 3], range: [-1.0, 1.0]}}
+    outputs: {out: {shape: [batch, 3]}}
+"""
+
+RECIPE = """\
+schema_version: 1
+name: chain
+model: chain
+targets: [{device: cpu, precision: int8}]
+components:
+  first: {steps: [{quantize: {per_channel: false}}]}
+  second:
+    steps:
+      - quantize: {per_channel: false, calibration: {inputs_from: first}}
+"""
+
+
+def _second_model(path) -> None:
+    """y -> MatMul -> out, renaming the MLP's I/O so it consumes the first's output."""
+    make_mlp_onnx(path, seed=1)
+    model = onnx.load(str(path))
+    model.graph.input[0].name = "y"
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 3
+    w1 = next(t for t in model.graph.initializer if t.name == "w1")
+    w1.dims[0] = 3
+    w1.raw_data = w1.raw_data[: 3 * w1.dims[1] * 4]
+    model.graph.node[0].input[0] = "y"
+    model.graph.output[0].name = "out"
+    model.graph.node[-1].output[0] = "out"
+    onnx.save(model, str(path))
+
+
+def _project(root):
+    (root / "catalog").mkdir(parents=True)
+    (root / "recipes").mkdir()
+    make_mlp_onnx(root / "catalog" / "first.onnx")
+    _second_model(root / "catalog" / "second.onnx")
+    (root / "catalog" / "chain.yaml").write_text(TWO_STAGE)
+    (root / "recipes" / "chain.yaml").write_text(RECIPE)
+    return root / "recipes" / "chain.yaml"
+
+
+def _statuses(result, comp):
+    return {s["pass"]: s["status"] for s in result.manifest["components"][comp]["steps"]}
+
+
+def test_changing_the_upstream_contract_invalidates_downstream_calibration(tmp_path) -> None:
+    recipe = _project(tmp_path)
+    cache = tmp_path / "cache"
+    api.build(recipe, output_root=tmp_path / "a", cache_dir=cache)
+    catalog = tmp_path / "catalog" / "chain.yaml"
+    entry = yaml.safe_load(catalog.read_text())
+    entry["components"]["first"]["inputs"]["x"]["range"] = [-0.01, 0.01]
+    catalog.write_text(yaml.safe_dump(entry))
+    again = api.build(recipe, output_root=tmp_path / "b", cache_dir=cache)
+    # The second component's model did not change, but its calibration data did.
+    assert _statuses(again, "second")["quantize"] == "ran"
+    fresh = api.build(recipe, output_root=tmp_path / "c", use_cache=False)
+    assert again.models["second"].read_bytes() == fresh.models["second"].read_bytes()
+
+
+def test_a_damaged_cache_entry_is_rebuilt_not_trusted(tmp_path) -> None:
+    recipe = _project(tmp_path)
+    cache = tmp_path / "cache"
+    first = api.build(recipe, output_root=tmp_path / "a", cache_dir=cache)
+    key = next(s for s in first.manifest["components"]["first"]["steps"])["cache_key"]
+    (cache / key[:2] / key / "model.onnx").unlink()
+    again = api.build(recipe, output_root=tmp_path / "b", cache_dir=cache)
+    assert _statuses(again, "first")["quantize"] == "ran"
+    assert again.models["first"].read_bytes() == first.models["first"].read_bytes()
+    stored = json.loads((cache / key[:2] / key / "result.json").read_text())
+    assert (cache / key[:2] / key / "model.onnx").stat().st_size == stored["files"]["model.onnx"]
+
+
+def test_a_swap_cut_between_renames_gets_the_previous_output_back(tmp_path) -> None:
+    recipe = _project(tmp_path)
+    first = api.build(recipe, output_root=tmp_path / "out")
+    out = first.output_dir
+    before = (out / "manifest.json").read_text()
+    os.rename(out, out.parent / f".old-{out.name}-99999")  # as if killed mid-swap
+    # The next build fails while running (an impossible threshold): the previous output is
+    # back in place all the same, and nothing else is left over.
+    recipe.write_text(
+        RECIPE.replace(
+            "first: {steps: [{quantize: {per_channel: false}}]}",
+            "first: {steps: [{verify: {min_sqnr_db: 300}}]}",
+        )
+    )
+    failed = cli("build", recipe, "-o", tmp_path / "out")
+    assert failed.exit_code == 2
+    assert (out / "manifest.json").read_text() == before
+    assert not list(out.parent.glob(".old-*"))
+
+
+def test_unwritable_output_is_one_line_exit_2(tmp_path) -> None:
+    recipe = _project(tmp_path)
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a directory")
+    result = cli("build", recipe, "-o", blocker)
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "afile" in lines[0], lines
+    shutil.rmtree(tmp_path / "catalog")
