@@ -311,11 +311,47 @@ def _render_and_validate(
     if catalog is not None:
         variables["catalog"] = copy.deepcopy(catalog.data)
     rendered = render(path, variables)
-    loaded = load_yaml(rendered, str(path), RecipeError)
-    if not isinstance(loaded.data, dict):
-        raise RecipeError("a recipe must be a YAML mapping", where=f"{path}:1")
-    validate(loaded, recipe_schema(), str(path), RecipeError)
+    try:
+        loaded = load_yaml(rendered, str(path), RecipeError)
+        if not isinstance(loaded.data, dict):
+            raise RecipeError("a recipe must be a YAML mapping", where=f"{path}:1")
+        validate(loaded, recipe_schema(), str(path), RecipeError)
+    except RecipeError as exc:
+        exc.where = _source_location(exc.where, rendered, path)
+        raise
     return loaded
+
+
+def _source_location(where: str, rendered: str, path: Path) -> str:
+    """Map `FILE:LINE` of the rendered recipe back to the template or partial it came from.
+
+    Jinja renders comments, blocks and includes into a different number of lines, so a
+    line of the rendered text is located by its content: the one template line (or partial
+    line) with the same text. When that is ambiguous the rendered line is kept and said so.
+    """
+    prefix = f"{path}:"
+    if not where.startswith(prefix) or not where[len(prefix) :].isdigit():
+        return where
+    line = int(where[len(prefix) :])
+    rendered_lines = rendered.splitlines()
+    source_lines = path.read_text(encoding="utf-8-sig").splitlines()
+    if len(rendered_lines) == len(source_lines) and (
+        0 < line <= len(source_lines) and source_lines[line - 1] == rendered_lines[line - 1]
+    ):
+        return where
+    if not 0 < line <= len(rendered_lines):
+        return where
+    text = rendered_lines[line - 1].strip()
+    candidates = [(path, i + 1) for i, s in enumerate(source_lines) if s.strip() == text]
+    partials = path.parent / PARTIALS_DIR
+    if not candidates and partials.is_dir():
+        for partial in sorted(partials.rglob("*")):
+            if partial.is_file():
+                lines = partial.read_text(encoding="utf-8", errors="replace").splitlines()
+                candidates += [(partial, i + 1) for i, s in enumerate(lines) if s.strip() == text]
+    if text and len(candidates) == 1:
+        return f"{candidates[0][0]}:{candidates[0][1]}"
+    return f"{where} (line of the rendered recipe)"
 
 
 def _choose_target(

@@ -672,3 +672,32 @@ def test_unknown_component_without_close_match(project: Path) -> None:
     assert error(path) == (
         f"{path}:8: $.components: unknown component 'vision'; catalog 'tiny' has: encoder, decoder"
     )
+
+
+def test_errors_point_at_the_template_or_partial_line_not_the_rendered_one(tmp_path) -> None:
+    """Comments and includes change the rendered line count; errors still name the source."""
+    import shutil
+
+    from tests.conftest import CATALOG, cli
+
+    shutil.copytree(CATALOG, tmp_path / "catalog")
+    partials = tmp_path / "recipes" / "_partials"
+    partials.mkdir(parents=True)
+    (partials / "v.yaml").write_text("samples: 4\nsedd: 1\n")
+    recipe = tmp_path / "recipes" / "r.yaml"
+    recipe.write_text(
+        "schema_version: 1\nname: r\nmodel: sam3-tiny\n{# a\n   comment\n#}\n"
+        "targets: [{device: cpu, precision: fp32}]\nsteps:\n  - export\n  - verify:\n"
+        '      {% filter indent(6) %}{% include "v.yaml" %}{% endfilter %}\n'
+        "      samplez: 4\n"
+    )
+    result = cli("validate", recipe)
+    assert result.stderr.strip() == (
+        f"error: {recipe}:12: $.steps[1].verify: unknown key 'samplez' (did you mean 'samples'?)"
+    )
+    recipe.write_text(recipe.read_text().replace("      samplez: 4\n", ""))
+    result = cli("validate", recipe)
+    assert result.stderr.strip() == (
+        f"error: {partials / 'v.yaml'}:2: $.steps[1].verify: unknown key 'sedd' "
+        "(did you mean 'seed'?)"
+    )
