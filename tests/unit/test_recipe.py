@@ -683,7 +683,7 @@ def test_errors_point_at_the_template_or_partial_line_not_the_rendered_one(tmp_p
     shutil.copytree(CATALOG, tmp_path / "catalog")
     partials = tmp_path / "recipes" / "_partials"
     partials.mkdir(parents=True)
-    (partials / "v.yaml").write_text("samples: 4\nsedd: 1\n")
+    (partials / "v.yaml").write_text("samples: 4\nseed: 1\n")
     recipe = tmp_path / "recipes" / "r.yaml"
     recipe.write_text(
         "schema_version: 1\nname: r\nmodel: sam3-tiny\n{# a\n   comment\n#}\n"
@@ -696,6 +696,7 @@ def test_errors_point_at_the_template_or_partial_line_not_the_rendered_one(tmp_p
         f"error: {recipe}:12: $.steps[1].verify: unknown key 'samplez' (did you mean 'samples'?)"
     )
     recipe.write_text(recipe.read_text().replace("      samplez: 4\n", ""))
+    (partials / "v.yaml").write_text("samples: 4\nsedd: 1\n")
     result = cli("validate", recipe)
     assert result.stderr.strip() == (
         f"error: {partials / 'v.yaml'}:2: $.steps[1].verify: unknown key 'sedd' "
