@@ -172,22 +172,10 @@ _ALLOWED_ATTRS: dict[str, frozenset[str]] = {
     "GatherBlockQuantized": frozenset({"bits", "block_size", "quantize_axis", "gather_axis"}),
 }
 
-_REPLACED_OPS = (
-    "QLinearConv",
-    "QLinearMatMul",
-    "QGemm",
-    "QLinearAdd",
-    "QLinearMul",
-    "QLinearConcat",
-    "QLinearSigmoid",
-    "QLinearLeakyRelu",
-    "QLinearGlobalAveragePool",
-    "QLinearAveragePool",
-    "QLinearSoftmax",
-    "MatMulIntegerToFloat",
-    "DynamicQuantizeMatMul",
-    "MatMulNBits",
-    "GatherBlockQuantized",
+# Ops reported as "replaced N <op>": the detector's QOperator and weight-only families and
+# DynamicQuantizeMatMul (ConvInteger/MatMulInteger get their own "fusions" wording).
+_REPLACED_OPS = sorted(
+    (QOPERATOR_OPS - {"ConvInteger", "MatMulInteger"}) | {"DynamicQuantizeMatMul"} | WEIGHT_ONLY_OPS
 )
 
 
