@@ -11,6 +11,16 @@ import pytest
 from click.testing import CliRunner, Result
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def known_names() -> tuple[str, str, str]:
+    """Passes, devices and precisions as error messages list them."""
+    from winml_recipes.engine.registry import all_passes
+    from winml_recipes.presets import devices, precisions
+
+    return ", ".join(all_passes()), ", ".join(devices()), ", ".join(precisions())
+
+
 RECIPES = REPO / "recipes"
 CATALOG = REPO / "catalog"
 

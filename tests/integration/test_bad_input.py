@@ -19,14 +19,11 @@ from pathlib import Path
 import onnx
 import pytest
 
-from tests.conftest import CATALOG, MLP_CATALOG, RECIPES, cli, make_mlp_onnx
-from winml_recipes.engine.registry import all_passes
+from tests.conftest import CATALOG, MLP_CATALOG, RECIPES, cli, known_names, make_mlp_onnx
 from winml_recipes.onnx.io import file_sha256
-from winml_recipes.presets import devices, precisions
+from winml_recipes.presets import precisions
 
-PASSES = ", ".join(all_passes())
-DEVICES = ", ".join(devices())
-PRECISIONS = ", ".join(precisions())
+PASSES, DEVICES, PRECISIONS = known_names()
 
 HEAD = """\
 # yaml-language-server: $schema=../schemas/recipe.schema.json

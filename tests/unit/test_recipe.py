@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CATALOG, RECIPES
-from winml_recipes.engine.registry import all_passes
+from tests.conftest import CATALOG, RECIPES, known_names
 from winml_recipes.errors import PlanError, RecipeError, WinmlError
-from winml_recipes.presets import Target, default_steps, devices, precisions
+from winml_recipes.presets import Target, default_steps, precisions
 from winml_recipes.recipe import (
     Step,
     load_recipe,
@@ -41,9 +40,7 @@ components:
       y: {shape: [batch, 3]}
 """
 
-PASSES = ", ".join(all_passes())
-DEVICES = ", ".join(devices())
-PRECISIONS = ", ".join(precisions())
+PASSES, DEVICES, PRECISIONS = known_names()
 
 HEAD = """\
 schema_version: 1

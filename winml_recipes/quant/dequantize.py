@@ -817,6 +817,13 @@ class _Rewriter:
             if handler is not None and node.domain in QUANT_DOMAINS and node.graph is not None:
                 handler(node)
 
+    def _int32_constant(self, node: ir.Node, value: ir.Value, scale: np.ndarray, what: str):
+        """A constant int32 accumulator input (bias, C) as float: value * scale."""
+        arr = _const(value)
+        if arr is None:
+            raise self._error(node, f"{what} '{value.name}' is not a constant")
+        return self._constant(node, arr.astype(np.float32) * scale, value)
+
     def _qlinear_conv(self, node: ir.Node) -> None:
         # x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, B
         self._qlinear_params(node, [(0, 1, 2), (3, 4, 5), (-1, 6, 7)])
@@ -826,11 +833,8 @@ class _Rewriter:
         inputs = [xf, wf]
         bias = _input(node, 8)
         if bias is not None:
-            b = _const(bias)
-            if b is None:
-                raise self._error(node, f"bias '{bias.name}' is not a constant")
-            bias_scale = (_const(xs) * _const(ws)).astype(np.float32).reshape(-1)
-            inputs.append(self._constant(node, b.astype(np.float32) * bias_scale, bias))
+            scale = (_const(xs) * _const(ws)).astype(np.float32).reshape(-1)
+            inputs.append(self._int32_constant(node, bias, scale, "bias"))
         attrs = {k: a for k, a in node.attributes.items() if k in _CONV_ATTRS}
         y = self._float_op(node, "Conv", inputs, attrs, out=node.outputs[0])
         self._finish(node, [self._requantize(node, y, 6, 7)])
@@ -931,12 +935,9 @@ class _Rewriter:
         inputs = [af, bf]
         c = _input(node, 6)
         if c is not None:
-            carr = _const(c)
-            if carr is None:
-                raise self._error(node, f"input C '{c.name}' is not a constant")
             # C is int32 with scale alpha * a_scale * b_scale (onnxruntime's QGemm kernel).
             scale = (np.float32(alpha) * _const(as_) * _const(bs)).astype(np.float32)
-            inputs.append(self._constant(node, carr.astype(np.float32) * scale, c))
+            inputs.append(self._int32_constant(node, c, scale, "input C"))
         attrs = {
             "alpha": alpha,
             "beta": 1.0,
