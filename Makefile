@@ -16,7 +16,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt torch
-	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[export,dev]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[export,dev,qnn]'
 	touch $(STAMP)
 
 build: install

@@ -69,7 +69,7 @@ def held_out_sqnr(float_models: dict[str, Path], decoder: Path) -> dict[str, flo
     from winml_recipes.engine.types import UpstreamComponent
     from winml_recipes.feeds import feeds_for, take
     from winml_recipes.onnx.metrics import compare_runs
-    from winml_recipes.onnx.runtime import run_model
+    from winml_recipes.runtime.sessions import run_model
 
     entry = load_entry("sam3-tiny", REPO / "catalog")
     enc = entry.components["vision_encoder"].contract

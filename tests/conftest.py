@@ -132,7 +132,7 @@ def sqnr_against_float_sam3(float_models: dict, built_models: dict, seed: int = 
     from winml_recipes.engine.types import UpstreamComponent
     from winml_recipes.feeds import feeds_for, take
     from winml_recipes.onnx.metrics import compare_runs
-    from winml_recipes.onnx.runtime import run_model
+    from winml_recipes.runtime.sessions import run_model
 
     entry = api.load(RECIPES / "sam3-tiny.yaml").catalog
     enc = entry.components["vision_encoder"].contract

@@ -49,3 +49,7 @@ class InternalError(WinmlError):
     """A bug: exit 1."""
 
     exit_code = 1
+
+
+class ExecutionProviderError(WinmlError):
+    """The target's execution provider cannot load here, or cannot take the graph."""

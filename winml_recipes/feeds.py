@@ -187,7 +187,7 @@ def from_upstream(
     rest = synthetic(others, samples, seed)
 
     def gen() -> Iterator[Feed]:
-        from winml_recipes.onnx.runtime import load_session
+        from winml_recipes.runtime.sessions import load_session
 
         session = load_session(up.model)
         names = [o.name for o in session.get_outputs()]

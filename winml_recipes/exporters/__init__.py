@@ -286,18 +286,15 @@ def _parity(
     input_names: Sequence[str],
     output_names: Sequence[str],
 ) -> dict[str, dict[str, float]]:
-    import onnxruntime as ort
     import torch
 
     from winml_recipes.onnx.metrics import compare_outputs
-    from winml_recipes.onnx.runtime import session_options
+    from winml_recipes.runtime.sessions import open_bytes_session
 
     with torch.no_grad():
         expected = module(*args)
     expected = expected if isinstance(expected, tuple | list) else (expected,)
-    session = ort.InferenceSession(
-        proto.SerializeToString(), session_options(), providers=["CPUExecutionProvider"]
-    )
+    session = open_bytes_session(proto.SerializeToString())
     feeds = {n: a.numpy() for n, a in zip(input_names, args, strict=True)}
     got = dict(zip(output_names, session.run(list(output_names), feeds), strict=True))
     reference = {n: t.numpy() for n, t in zip(output_names, expected, strict=True)}

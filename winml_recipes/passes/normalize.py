@@ -73,21 +73,18 @@ def _ort_basic(src: Path, scratch: Path):
     ORT writes the optimized graph for us (no rewrite of its optimizer here); external data
     is written to a fresh sidecar in scratch so the original sidecar is never referenced.
     """
-    import onnxruntime as ort
-
     from winml_recipes.onnx.io import load_model
+    from winml_recipes.runtime.sessions import optimize_offline
 
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    opts.optimized_model_filepath = str(scratch / "optimized.onnx")
-    opts.add_session_config_entry(
-        "session.optimized_model_external_initializers_file_name", "optimized.onnx.data"
-    )
-    opts.add_session_config_entry(
-        "session.optimized_model_external_initializers_min_size_in_bytes", str(1 << 30)
-    )
-    opts.log_severity_level = 3
-    ort.InferenceSession(str(src), opts, providers=["CPUExecutionProvider"])
+    def configure(opts) -> None:
+        opts.add_session_config_entry(
+            "session.optimized_model_external_initializers_file_name", "optimized.onnx.data"
+        )
+        opts.add_session_config_entry(
+            "session.optimized_model_external_initializers_min_size_in_bytes", str(1 << 30)
+        )
+
+    optimize_offline(src, scratch / "optimized.onnx", configure)
     model = load_model(scratch / "optimized.onnx")
     # ORT records its own producer; keep the source's metadata minus our stale stamp.
     return model

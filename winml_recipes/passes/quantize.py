@@ -23,7 +23,7 @@ HELD_OUT_SEED_OFFSET = 104_729
 @register
 class QuantizePass(Pass):
     name = "quantize"
-    version = 1
+    version = 5
     summary = "Static (calibrated QDQ, QNN rules, mixed precision) or dynamic quantization."
     precisions = precisions_of_kind("integer")
     uses_contract = True
@@ -52,8 +52,13 @@ class QuantizePass(Pass):
 
     def key_material(self, options: dict[str, Any], ctx: StepContext) -> Any:
         from winml_recipes.feeds import upstream_data_digest
+        from winml_recipes.runtime.providers import identity, provider_for_device
 
-        return upstream_data_digest(options.get("calibration"), ctx.upstream, ctx.recipe_dir)
+        data = upstream_data_digest(options.get("calibration"), ctx.upstream, ctx.recipe_dir)
+        if not (options.get("mixed_precision") or {}).get("auto"):
+            return data
+        # Automatic mixed precision scores candidates on the target's EP where it loads.
+        return {"data": data, "scored_on": identity(provider_for_device(ctx.target.device).key)}
 
     def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
         if facts.quantized:
@@ -124,6 +129,14 @@ def _static(
     seed = cal.seed + ctx.seed  # the recipe's seed shifts every step's seed
     feeds = feeds_for(cal_options, ctx.contract, ctx.recipe_dir, ctx.upstream, cal.samples, seed)
     model = load_model(src)
+    dropped: list[str] = []
+    if cfg.qnn:
+        from winml_recipes.onnx.io import save_model
+        from winml_recipes.quant.qnn_rules import drop_zero_constant_adds
+
+        dropped = drop_zero_constant_adds(model)
+        if dropped:
+            src = save_model(model, ctx.work_dir / "float-simplified" / "model.onnx")
     tensors = tensors_to_calibrate(model, list(cfg.op_types) or None)
     settings = CalibrationSettings(
         method=cal.method,
@@ -136,6 +149,12 @@ def _static(
     counted = _Counted(feeds)
     ranges = calibrate(src, counted, settings, tensors=tensors, work_dir=ctx.work_dir)
     calibration_seconds = time.perf_counter() - started
+    shared: list[list[str]] = []
+    if cfg.qnn:
+        from winml_recipes.quant.qnn_rules import shared_encoding_groups, unify_ranges
+
+        shared = shared_encoding_groups(model, tensors)
+        ranges = unify_ranges(ranges, shared)
     ranges_path = ctx.work_dir / "ranges.json"
     write_ort_cache(ranges, ranges_path)
     overrides, float_nodes = compile_regions(cfg.regions, model, tensors)
@@ -151,6 +170,8 @@ def _static(
         "qdq_insertion_time_seconds": round(insertion_seconds, 3),
         "tensor_overrides": sorted(overrides),
         "float_nodes": exclude,
+        "shared_encodings": shared,
+        "zero_constant_nodes_bypassed": dropped,
     }
     if cfg.auto is not None:
         from winml_recipes.quant.auto import promote

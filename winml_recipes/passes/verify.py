@@ -20,9 +20,11 @@ _THRESHOLDS = {
 @register
 class VerifyPass(Pass):
     name = "verify"
-    version = 1
-    summary = "Compare the candidate with the float reference (SQNR, cosine, max abs)."
-    target_dependent = False
+    version = 2
+    summary = (
+        "Run the candidate on the target's execution provider and compare it with the float "
+        "reference on CPU (SQNR, cosine, max abs)."
+    )
     uses_reference = True
     uses_contract = True
     options_schema = {
@@ -39,6 +41,24 @@ class VerifyPass(Pass):
                 "description": "Feed the inputs that this component's float model produces "
                 "from that component's float model run on seeded inputs (e.g. the SAM 3 "
                 "decoder verified on real encoder embeddings).",
+            },
+            "allow_cpu_fallback": {
+                "type": "boolean",
+                "default": False,
+                "description": "Let nodes the target's EP refuses run on the CPU EP (off: the "
+                "build fails naming them). Ignored for CPU targets.",
+            },
+            "require_ep": {
+                "type": "boolean",
+                "default": False,
+                "description": "Fail where the target's EP cannot load on this host, instead "
+                "of verifying on the CPU simulation (recorded as verified_on: cpu-simulation).",
+            },
+            "compare_simulation": {
+                "type": "boolean",
+                "default": True,
+                "description": "Also run the candidate on the CPU EP and record those metrics, "
+                "to show where the target diverges from the simulation.",
             },
             "outputs": {
                 "type": "object",
@@ -76,9 +96,14 @@ class VerifyPass(Pass):
 
     def key_material(self, options: dict[str, Any], ctx: StepContext) -> Any:
         from winml_recipes.feeds import upstream_data_digest
+        from winml_recipes.runtime.providers import identity, provider_for_device
 
         source = {"inputs_from": options["inputs_from"]} if options.get("inputs_from") else None
-        return upstream_data_digest(source, ctx.upstream, ctx.recipe_dir)
+        # A result measured on the CPU simulation must not be served once the EP loads.
+        return {
+            "data": upstream_data_digest(source, ctx.upstream, ctx.recipe_dir),
+            "execution_provider": identity(provider_for_device(ctx.target.device).key),
+        }
 
     def depends_on(self, options: dict[str, Any]) -> tuple[str, ...]:
         src = options.get("inputs_from")
@@ -89,7 +114,8 @@ class VerifyPass(Pass):
     ) -> StepResult:
         from winml_recipes.feeds import feeds_for, take
         from winml_recipes.onnx.metrics import compare_runs
-        from winml_recipes.onnx.runtime import run_model
+        from winml_recipes.runtime.sessions import run_model
+        from winml_recipes.runtime.target import run_on_target
 
         assert src is not None
         if ctx.reference is None:
@@ -103,13 +129,22 @@ class VerifyPass(Pass):
         )
         feeds = take(factory, options["samples"])
         reference = run_model(ctx.reference, feeds)
-        candidate = run_model(src, feeds)
-        _check_output_shapes(candidate[0], ctx)
-        metrics = compare_runs(reference, candidate)
+        target = run_on_target(src, feeds, ctx.target.device, options)
+        _check_output_shapes(target.outputs[0], ctx)
+        metrics = compare_runs(reference, target.outputs)
+        record: dict[str, Any] = {"samples": options["samples"], **target.record}
+        if options["compare_simulation"] and target.verified_on not in ("cpu", "cpu-simulation"):
+            simulated = compare_runs(reference, run_model(src, feeds))
+            record["cpu_simulation"] = {"outputs": simulated}
+        record["outputs"] = metrics
         failures = _failures(metrics, options)
         if failures:
-            raise PassError("verification failed: " + "; ".join(failures))
-        return StepResult(None, {"samples": options["samples"], "outputs": metrics})
+            measured = ", ".join(f"{n} {m['sqnr_db']:.1f} dB" for n, m in metrics.items())
+            raise PassError(
+                f"verification on {target.verified_on} failed: {'; '.join(failures)} "
+                f"(SQNR: {measured})"
+            )
+        return StepResult(None, record)
 
 
 def _check_output_shapes(outputs: dict[str, Any], ctx: StepContext) -> None:

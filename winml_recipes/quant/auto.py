@@ -1,9 +1,12 @@
 """Automatic mixed precision: promote the noisiest activations to 16 bit until a target.
 
 1. Score the baseline quantized model: the lowest output SQNR against the float model, on
-   held-out samples (same source as calibration, other seeds).
+   held-out samples (same source as calibration, other seeds), run on the target's
+   execution provider (QNN HTP for npu) where it loads: the CPU EP's float simulation of
+   Q/DQ can be far from what the NPU computes.
 2. Rank its quantized activations by the damage each does alone: the output SQNR with only
-   that activation quantized (winml_recipes.quant.mixed.quantization_damage). A tensor's
+   that activation quantized (winml_recipes.quant.mixed.quantization_damage; a gated
+   float graph, so this ranking runs on the CPU EP). A tensor's
    own noise is a poor guide: SAM's prompt encoder turns tiny coordinate errors into large
    mask errors through sin/cos features, while its own SQNR looks fine.
 3. Promote the most damaging 1, 2, 4, ... more tensors to 16 bit (ORT's fixer adds the
@@ -22,13 +25,24 @@ from winml_recipes.quant.config import QuantConfig
 
 
 def _score(
-    src: Path, candidate: Path, feeds: list[dict], reference: list[dict]
+    candidate: Path, feeds: list[dict], reference: list[dict], device: str
 ) -> dict[str, float]:
+    """Output SQNR of `candidate` run on the device's EP (the CPU simulation where it is absent)."""
     from winml_recipes.onnx.metrics import compare_runs
-    from winml_recipes.onnx.runtime import run_model
+    from winml_recipes.runtime.target import run_on_target
 
-    metrics = compare_runs(reference, run_model(candidate, feeds))
+    run = run_on_target(candidate, feeds, device, {"allow_cpu_fallback": True})
+    metrics = compare_runs(reference, run.outputs)
     return {name: round(m["sqnr_db"], 3) for name, m in metrics.items()}
+
+
+def scored_on(device: str) -> str:
+    """Where candidates are scored: the device's EP when it loads here, else the simulation."""
+    from winml_recipes.runtime.providers import availability, provider_for_device
+    from winml_recipes.runtime.target import CPU_SIMULATION
+
+    ep = provider_for_device(device)
+    return ep.key if ep.is_cpu or availability(ep.key).available else CPU_SIMULATION
 
 
 def promote(
@@ -43,9 +57,9 @@ def promote(
 ) -> dict[str, Any]:
     """Improve `out` in place; returns the record of what was promoted and why."""
     from winml_recipes.feeds import take
-    from winml_recipes.onnx.runtime import run_model
     from winml_recipes.quant.mixed import quantization_damage
     from winml_recipes.quant.ort import quantize_static_qdq
+    from winml_recipes.runtime.sessions import run_model
 
     assert cfg.auto is not None
     target = float(cfg.auto["target_sqnr_db"])
@@ -53,9 +67,16 @@ def promote(
     wide = cfg.auto["type"]
     eval_feeds = take(held_out, int(cfg.auto["samples"]))
     reference = run_model(src, eval_feeds)
-    scores = _score(src, out, eval_feeds, reference)
+    device = ctx.target.device
+    scores = _score(out, eval_feeds, reference, device)
     rounds = [{"promoted": 0, "output_sqnr_db": scores}]
-    record: dict[str, Any] = {"target_sqnr_db": target, "max_promoted": budget, "type": wide}
+    record: dict[str, Any] = {
+        "target_sqnr_db": target,
+        "max_promoted": budget,
+        "type": wide,
+        "scored_on": scored_on(device),
+        "ranked_on": "cpu-simulation",
+    }
     if min(scores.values()) >= target:
         return record | {"promoted": [], "rounds": rounds, "met": True}
     weights_only, damage = quantization_damage(out, src, eval_feeds, reference, ctx.work_dir)
@@ -71,7 +92,7 @@ def promote(
         candidates = candidates[k:]
         trial_overrides = {**overrides, **{t: [{"quant_type": wide}] for t in promoted}}
         quantize_static_qdq(src, trial, cfg, ranges_path, trial_overrides, exclude)
-        scores = _score(src, trial, eval_feeds, reference)
+        scores = _score(trial, eval_feeds, reference, device)
         rounds.append({"promoted": len(promoted), "output_sqnr_db": scores})
         best_model = trial
         step *= 2

@@ -39,7 +39,7 @@ from onnxruntime.quantization.calibrate import (
 
 from winml_recipes.errors import PassError
 from winml_recipes.onnx.io import load_model, save_model, sidecar_paths
-from winml_recipes.onnx.runtime import session_options
+from winml_recipes.runtime.sessions import calibration_session
 
 METHODS = ("minmax", "entropy", "percentile", "distribution")
 # Element types ORT calibrates (MinMaxCalibrater.select_tensors_to_calibrate).
@@ -252,13 +252,15 @@ def _stream(
 def _session(model: onnx.ModelProto, path: Path, weights_dir: Path | None):
     """Save `model` (graph only; external weights stay where they are) and open it on CPU."""
     save_model(model, path)
-    options = session_options()
-    if weights_dir is not None and not sidecar_paths(path):
-        # The augmented graph is written elsewhere but references the original sidecars:
-        # ORT resolves external data against this folder (symlinks are refused by its
-        # "escapes model directory" check, and copying would double the disk use).
-        options.add_session_config_entry(_EXT_FOLDER_KEY, str(weights_dir.resolve()))
-    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    if weights_dir is None or sidecar_paths(path):
+        return calibration_session(path, None)
+    # The augmented graph is written elsewhere but references the original sidecars:
+    # ORT resolves external data against this folder (symlinks are refused by its
+    # "escapes model directory" check, and copying would double the disk use).
+    folder = str(weights_dir.resolve())
+    return calibration_session(
+        path, lambda options: options.add_session_config_entry(_EXT_FOLDER_KEY, folder)
+    )
 
 
 def _fresh_name(base: str, taken: set[str]) -> str:

@@ -114,7 +114,7 @@ def quantization_damage(
 
     from winml_recipes.onnx.io import load_model, save_model
     from winml_recipes.onnx.metrics import compare_runs
-    from winml_recipes.onnx.runtime import load_session
+    from winml_recipes.runtime.sessions import load_session
 
     model = load_model(qdq_model)
     pairs = _activation_pairs(model)

@@ -1,0 +1,159 @@
+"""Per-tensor comparison of a QDQ model on the target EP, its CPU simulation and the float model.
+
+When a quantized model is right on onnxruntime's CPU EP (which simulates Q/DQ in float)
+and wrong on the device, the question is which tensor first goes wrong. The *integer*
+output of every activation's QuantizeLinear is made a graph output and dequantized here.
+(Tapping the DequantizeLinear outputs instead gives the DQ a second consumer, which breaks
+the DQ -> op -> Q node units an EP such as QNN compiles as one quantized op: the tapped
+graph then runs those ops in float on the NPU and no longer shows the bug.) The model
+runs on the target EP and on the CPU EP with the same feeds, the float model runs with the
+matching float tensors as outputs, and each tensor is scored three ways, in graph order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+RENAMED_SUFFIX = "_QuantizeLinear_Input"  # ORT's name for a quantized graph output
+
+
+@dataclass(frozen=True)
+class TensorRow:
+    tensor: str  # the float tensor's name
+    op_type: str  # the op that produces it in the float graph
+    node: str
+    target_vs_float_db: float
+    simulation_vs_float_db: float
+    target_vs_simulation_db: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in vars(self).items()}
+
+
+@dataclass(frozen=True)
+class Tap:
+    q_output: str  # the integer tensor read from the quantized model
+    tensor: str  # the float tensor it stands for
+    scale: np.ndarray
+    zero_point: np.ndarray
+    axis: int
+
+    def dequantize(self, q: np.ndarray) -> np.ndarray:
+        scale, zp = self.scale, self.zero_point.astype(np.float64)
+        if scale.ndim == 1 and scale.size > 1:  # per-axis
+            shape = [1] * q.ndim
+            shape[self.axis] = scale.size
+            scale, zp = scale.reshape(shape), zp.reshape(shape)
+        return ((q.astype(np.float64) - zp) * scale).astype(np.float32)
+
+
+def activation_taps(model: onnx.ModelProto) -> list[Tap]:
+    """One tap per quantized activation (a QuantizeLinear reading a non-constant), in order."""
+    from onnx import numpy_helper
+
+    constants = {t.name: t for t in model.graph.initializer}
+    taps = []
+    for node in model.graph.node:
+        if node.op_type != "QuantizeLinear" or node.input[0] in constants:
+            continue
+        if len(node.input) < 3 or node.input[1] not in constants or node.input[2] not in constants:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+        taps.append(
+            Tap(
+                q_output=node.output[0],
+                tensor=node.input[0].removesuffix(RENAMED_SUFFIX),
+                scale=numpy_helper.to_array(constants[node.input[1]]).astype(np.float64),
+                zero_point=numpy_helper.to_array(constants[node.input[2]]),
+                axis=axis,
+            )
+        )
+    return taps
+
+
+def _with_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
+    have = {o.name for o in model.graph.output}
+    for name in names:
+        if name not in have:
+            model.graph.output.append(onnx.ValueInfoProto(name=name))
+            have.add(name)
+    return model
+
+
+def compare_tensors(
+    candidate: Path,
+    reference: Path,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    device: str,
+    work_dir: Path,
+) -> tuple[list[TensorRow], dict[str, Any]]:
+    """Rows in graph order, and the record of where the target ran (EP, placement)."""
+    from winml_recipes.onnx.io import load_model, save_model
+    from winml_recipes.onnx.metrics import compare_runs
+    from winml_recipes.runtime.sessions import run_model
+    from winml_recipes.runtime.target import run_on_target
+
+    qdq = load_model(candidate)
+    float_model = load_model(reference)
+    float_producer = {o: n for n in float_model.graph.node for o in n.output}
+    float_names = {i.name for i in float_model.graph.input} | set(float_producer)
+    taps = [t for t in activation_taps(qdq) if t.tensor in float_names]
+    taps = list({t.tensor: t for t in taps}.values())  # one per float tensor
+    tapped_qdq = save_model(
+        _with_outputs(qdq, [t.q_output for t in taps]), work_dir / "tapped.onnx"
+    )
+    tapped_float = save_model(
+        _with_outputs(float_model, [t.tensor for t in taps]), work_dir / "tapped_float.onnx"
+    )
+    target = run_on_target(tapped_qdq, feeds, device, {"allow_cpu_fallback": True})
+    simulation = run_model(tapped_qdq, feeds)
+    floats = run_model(tapped_float, feeds)
+
+    def dequantized(runs: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        return [{t.tensor: t.dequantize(run[t.q_output]) for t in taps} for run in runs]
+
+    ref = [{t.tensor: run[t.tensor] for t in taps} for run in floats]
+    vs_float = compare_runs(ref, dequantized(target.outputs))
+    sim_vs_float = compare_runs(ref, dequantized(simulation))
+    vs_sim = compare_runs(dequantized(simulation), dequantized(target.outputs))
+    rows = []
+    for tap in taps:
+        t = tap.tensor
+        node = float_producer.get(t)
+        rows.append(
+            TensorRow(
+                tensor=t,
+                op_type=node.op_type if node is not None else "(graph input)",
+                node=node.name if node is not None else "",
+                target_vs_float_db=vs_float[t]["sqnr_db"],
+                simulation_vs_float_db=sim_vs_float[t]["sqnr_db"],
+                target_vs_simulation_db=vs_sim[t]["sqnr_db"],
+            )
+        )
+    return rows, target.record
+
+
+def first_divergence(
+    rows: Sequence[TensorRow], threshold_db: float = 30.0, loss_db: float = 3.0
+) -> TensorRow | None:
+    """The first tensor (graph order) where the target departs from the simulation.
+
+    Departs: the target's output is below `threshold_db` against the simulation's AND at
+    least `loss_db` further from the float model than the simulation is (rounding noise
+    between two correct runs is far smaller than either).
+    """
+    return next(
+        (
+            r
+            for r in rows
+            if r.target_vs_simulation_db < threshold_db
+            and r.simulation_vs_float_db - r.target_vs_float_db >= loss_db
+        ),
+        None,
+    )

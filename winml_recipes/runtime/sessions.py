@@ -1,0 +1,277 @@
+"""Open onnxruntime sessions on an execution provider, report placement, run feeds.
+
+Nothing else in the project creates an `InferenceSession`. CPU sessions are deterministic
+(fixed threads, sequential). Sessions on a plugin EP select its devices; with
+`fallback=False` every node must be placed on that EP, and a graph it cannot take fails
+with the first nodes it refused, their op types and the EP's own reason when it logs one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from winml_recipes.errors import ExecutionProviderError, ModelFileError
+from winml_recipes.runtime.providers import (
+    CPU,
+    ExecutionProvider,
+    availability,
+    ep_devices,
+    get_provider,
+)
+
+INTRA_OP_THREADS = 2
+_DISABLE_FALLBACK = "session.disable_cpu_ep_fallback"
+_RECORD_PLACEMENT = "session.record_ep_graph_assignment_info"
+_FALLBACK_REFUSED = "fallback to CPU EP has been explicitly disabled"
+# What the QNN EP logs about nodes it will not take (other EPs: no reason is parsed).
+_UNSUPPORTED = re.compile(r"Unsupported nodes in QNN EP: (\{[^}]*\}(?:, \{[^}]*\})*)")
+_REASON = re.compile(r"(?:Validation FAILED|validation failed|not supported)[^\n\x1b]*")
+MAX_NODES_SHOWN = 5
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def session_options() -> ort.SessionOptions:
+    """BASIC optimizations, fixed thread counts, sequential, deterministic, quiet."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.intra_op_num_threads = INTRA_OP_THREADS
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.use_deterministic_compute = True
+    so.log_severity_level = 3
+    return so
+
+
+@contextlib.contextmanager
+def native_output_captured() -> Iterator[list[str]]:
+    """Capture what native code writes to fds 1 and 2 (EP libraries print there directly).
+
+    Yields a list that holds the captured text once the block exits. os.dup/dup2 exist on
+    Windows too.
+    """
+    captured: list[str] = []
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        try:
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+            yield captured
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            sink.seek(0)
+            captured.append(sink.read().decode("utf-8", "replace"))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the nodes of a session run: nodes and partitions per EP."""
+
+    nodes: dict[str, int]
+    partitions: dict[str, int]
+    fallback_nodes: tuple[tuple[str, str], ...]  # (name, op_type) placed on another EP
+
+    def to_manifest(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"nodes": self.nodes, "partitions": self.partitions}
+        if self.fallback_nodes:
+            out["fallback_nodes"] = [
+                {"name": n, "op_type": t} for n, t in self.fallback_nodes[:MAX_NODES_SHOWN]
+            ]
+        return out
+
+
+def _placement(session: ort.InferenceSession, ep: ExecutionProvider) -> Placement:
+    nodes: dict[str, int] = {}
+    partitions: dict[str, int] = {}
+    fallback: list[tuple[str, str]] = []
+    for sub in session.get_provider_graph_assignment_info():
+        sub_nodes = sub.get_nodes()
+        nodes[sub.ep_name] = nodes.get(sub.ep_name, 0) + len(sub_nodes)
+        partitions[sub.ep_name] = partitions.get(sub.ep_name, 0) + 1
+        if sub.ep_name != ep.provider:
+            fallback += [(n.name, n.op_type) for n in sub_nodes]
+    return Placement(nodes, partitions, tuple(fallback))
+
+
+class RuntimeSession:
+    """An onnxruntime session on one EP, with its placement when it was recorded."""
+
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        ep: ExecutionProvider,
+        where: str,
+        placement: Placement | None = None,
+    ) -> None:
+        self.session = session
+        self.ep = ep
+        self.where = where
+        self.placement = placement
+        self.output_names = [o.name for o in session.get_outputs()]
+
+    def run(self, feed: Mapping[str, np.ndarray], index: int = 0) -> dict[str, np.ndarray]:
+        try:
+            values = self.session.run(self.output_names, dict(feed))
+        except Exception as exc:
+            raise ModelFileError(
+                f"onnxruntime ({self.ep.key}) failed on input set {index}: {_first_line(exc)}; "
+                "check the input names, dtypes and shapes",
+                where=self.where,
+            ) from None
+        return dict(zip(self.output_names, values, strict=True))
+
+
+def open_session(
+    path: Path | str,
+    ep_key: str = CPU,
+    *,
+    fallback: bool = True,
+    record_placement: bool = False,
+    configure: Callable[[ort.SessionOptions], None] | None = None,
+    provider_options: Mapping[str, str] | None = None,
+) -> RuntimeSession:
+    """A session for `path` on the EP `ep_key`, or a one-line error naming the file.
+
+    `configure` may add session config entries (e.g. EPContext generation). Raises
+    ExecutionProviderError when the EP cannot load here or (fallback=False) refuses nodes.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ModelFileError("file not found; check the path", where=str(path))
+    ep = get_provider(ep_key)
+    so = session_options()
+    if configure is not None:
+        configure(so)
+    if ep.is_cpu:
+        if record_placement:
+            so.add_session_config_entry(_RECORD_PLACEMENT, "1")
+        session = _create(path, so, providers=["CPUExecutionProvider"])
+        return RuntimeSession(
+            session, ep, str(path), _placement(session, ep) if record_placement else None
+        )
+    avail = availability(ep_key)
+    if not avail.available:
+        raise ExecutionProviderError(f"{ep.provider} cannot be used here: {avail.reason}")
+    options = {**ep.options, **(provider_options or {})}
+    so.add_provider_for_devices(ep_devices(ep), options)
+    so.add_session_config_entry(_RECORD_PLACEMENT, "1")
+    if not fallback:
+        so.add_session_config_entry(_DISABLE_FALLBACK, "1")
+    so.log_severity_level = 3
+    with native_output_captured() as log:
+        try:
+            session = _create(path, so)
+            error = None
+        except ModelFileError as exc:
+            session, error = None, exc
+    if error is not None:
+        if not fallback and _FALLBACK_REFUSED in error.message:
+            raise _refused(path, ep, configure, options, "".join(log)) from None
+        raise ExecutionProviderError(
+            f"{ep.provider} cannot load the model: {error.message.split(': ', 1)[-1]}",
+            where=str(path),
+        )
+    assert session is not None
+    return RuntimeSession(session, ep, str(path), _placement(session, ep))
+
+
+def _create(path: Path, so: ort.SessionOptions, **kwargs: Any) -> ort.InferenceSession:
+    try:
+        return ort.InferenceSession(str(path), sess_options=so, **kwargs)
+    except Exception as exc:  # ORT raises Fail / InvalidGraph / NotImplemented / EP_FAIL
+        raise ModelFileError(
+            f"onnxruntime cannot load the model: {_first_line(exc)}", where=str(path)
+        ) from None
+
+
+def _refused(
+    path: Path,
+    ep: ExecutionProvider,
+    configure: Callable[[ort.SessionOptions], None] | None,
+    options: Mapping[str, str],
+    log: str,
+) -> ExecutionProviderError:
+    """Which nodes the EP refused: open again with fallback allowed and read the placement."""
+    so = session_options()
+    if configure is not None:
+        configure(so)
+    so.add_provider_for_devices(ep_devices(ep), dict(options))
+    so.add_session_config_entry(_RECORD_PLACEMENT, "1")
+    refused: tuple[tuple[str, str], ...] = ()
+    with native_output_captured() as more, contextlib.suppress(ModelFileError):
+        refused = _placement(_create(path, so), ep).fallback_nodes
+    text = log + "".join(more)
+    shown = ", ".join(f"{n} ({t})" for n, t in refused[:MAX_NODES_SHOWN])
+    more_count = len(refused) - MAX_NODES_SHOWN
+    if more_count > 0:
+        shown += f" and {more_count} more"
+    reason = _REASON.search(text)
+    why = f"; the EP says: {reason.group(0).strip()[:200]}" if reason else ""
+    if not refused:
+        shown = "unknown nodes"
+    return ExecutionProviderError(
+        f"{ep.provider} ({ep.backend or ep.key}) refused {len(refused) or 'some'} node(s): "
+        f"{shown}{why}; allow CPU fallback (verify: {{allow_cpu_fallback: true}}) or keep "
+        "those ops out of the graph",
+        where=str(path),
+    )
+
+
+def load_session(path: Path | str) -> ort.InferenceSession:
+    """A plain CPU session (calibration and data plumbing read outputs directly)."""
+    return open_session(path).session
+
+
+def run_model(
+    path: Path | str,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    ep_key: str = CPU,
+    *,
+    fallback: bool = True,
+) -> list[dict[str, np.ndarray]]:
+    """Outputs (by name, in graph order) for each feed, from one session."""
+    session = open_session(path, ep_key, fallback=fallback)
+    return [session.run(feed, i) for i, feed in enumerate(feeds)]
+
+
+def open_bytes_session(model_bytes: bytes) -> ort.InferenceSession:
+    """A CPU session over a serialized model (the exporter's parity check)."""
+    return ort.InferenceSession(
+        model_bytes, sess_options=session_options(), providers=["CPUExecutionProvider"]
+    )
+
+
+def optimize_offline(src: Path, out: Path, configure: Callable[[ort.SessionOptions], None]) -> None:
+    """Let onnxruntime write its optimized graph to `out` (normalize)."""
+    so = session_options()
+    so.optimized_model_filepath = str(out)
+    configure(so)
+    _create(src, so, providers=["CPUExecutionProvider"])
+
+
+def calibration_session(path: Path, configure: Callable[[ort.SessionOptions], None] | None):
+    """A CPU session for an augmented calibration graph."""
+    so = session_options()
+    if configure is not None:
+        configure(so)
+    return _create(path, so, providers=["CPUExecutionProvider"])

@@ -1,0 +1,70 @@
+"""Run a candidate model on a device's execution provider, honestly labelled.
+
+Where the device's EP loads, the candidate runs there (with CPU fallback only when asked)
+and the run is labelled with the EP's key. Where it cannot load, the run falls back to the
+CPU EP and is labelled `cpu-simulation` with the reason, or fails when the EP is required.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from winml_recipes.errors import ExecutionProviderError
+from winml_recipes.runtime.providers import availability, identity, provider_for_device
+from winml_recipes.runtime.sessions import RuntimeSession, open_session
+
+CPU_SIMULATION = "cpu-simulation"
+
+
+@dataclass
+class TargetRun:
+    outputs: list[dict[str, np.ndarray]]
+    verified_on: str  # an EP key ("cpu", "qnn-htp") or "cpu-simulation"
+    record: dict[str, Any]  # for the manifest: verified_on, execution_provider, placement
+
+
+def target_session(
+    path: Path, device: str, *, fallback: bool = False, require: bool = False
+) -> tuple[RuntimeSession, dict[str, Any]]:
+    """A session on the device's EP (or the CPU simulation) and its manifest record."""
+    ep = provider_for_device(device)
+    record: dict[str, Any] = {"execution_provider": identity(ep.key)}
+    if ep.is_cpu:
+        session = open_session(path)
+        return session, {"verified_on": "cpu", **record}
+    avail = availability(ep.key)
+    if not avail.available:
+        if require:
+            raise ExecutionProviderError(
+                f"the {device} target requires {ep.provider} ({ep.key}), which cannot be used "
+                f"here: {avail.reason}"
+            )
+        return open_session(path), {"verified_on": CPU_SIMULATION, **record}
+    session = open_session(path, ep.key, fallback=fallback)
+    assert session.placement is not None
+    record["placement"] = session.placement.to_manifest()
+    record["cpu_fallback_allowed"] = fallback
+    return session, {"verified_on": ep.key, **record}
+
+
+def run_on_target(
+    path: Path,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    device: str,
+    options: Mapping[str, Any] | None = None,
+) -> TargetRun:
+    """Run every feed on the device's EP; `options` may set allow_cpu_fallback, require_ep."""
+    options = options or {}
+    session, record = target_session(
+        path,
+        device,
+        fallback=bool(options.get("allow_cpu_fallback", False)),
+        require=bool(options.get("require_ep", False)),
+    )
+    outputs = [session.run(feed, i) for i, feed in enumerate(feeds)]
+    return TargetRun(outputs, record["verified_on"], record)
