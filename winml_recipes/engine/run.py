@@ -49,6 +49,8 @@ class _State:
     digest: str
     reference: Path | None
     reference_digest: str | None
+    artifacts: list[Path] = field(default_factory=list)  # shipped beside the model
+    ship_model: bool = True
 
 
 def output_dir_for(plan: Plan, root: Path) -> Path:
@@ -154,15 +156,22 @@ def _build_component(
     final_model = model_file(final_dir)
     _copy_model(state.model, final_model)
     _write_graph_digest(final_model, final_dir / GRAPH_DIGEST)
+    for extra in state.artifacts:
+        shutil.copy2(extra, final_dir / extra.name)
+    shipped = final_model
+    if not state.ship_model and state.artifacts:
+        for p in [final_model, *final_dir.glob(f"{final_model.name}_data")]:
+            p.unlink()
+        shipped = final_dir / state.artifacts[0].name
     files = [
         {"path": f"{comp.name}/{p.name}", "size_bytes": p.stat().st_size, "sha256": _sha(p)}
         for p in sorted(final_dir.iterdir())
         if p.name != GRAPH_DIGEST
     ]
     artifact = {
-        "path": f"{comp.name}/model.onnx",
+        "path": f"{comp.name}/{shipped.name}",
         "size_bytes": sum(f["size_bytes"] for f in files),
-        "sha256": artifact_sha256(final_model),
+        "sha256": artifact_sha256(shipped),
         "files": files,
     }
     upstream = None
@@ -252,6 +261,8 @@ def _run_step(
         status, metrics = "cached", entry.result.get("metrics", {})
         out_model = entry.model
         out_digest = entry.result.get("output_sha256")
+        artifacts = [entry.path / name for name in entry.result.get("artifacts", [])]
+        ship_model = bool(entry.result.get("ship_model", True))
     else:
         status = "ran"
         out = work / "out"
@@ -276,9 +287,21 @@ def _run_step(
             metrics = {**metrics, "skipped": result.skipped}
         out_model = None if result.skipped else result.model
         out_digest = artifact_sha256(out_model) if out_model else None
+        names = [] if result.skipped else list(result.artifacts)
+        ship_model = result.ship_model
         stored = cache.put(
-            key, out, {"metrics": metrics, "output_sha256": out_digest, "pass": step.name}
+            key,
+            out,
+            {
+                "metrics": metrics,
+                "output_sha256": out_digest,
+                "pass": step.name,
+                "artifacts": names,
+                "ship_model": ship_model,
+            },
         )
+        root = stored.path if stored is not None else out
+        artifacts = [root / name for name in names]
         if stored is not None and out_model is not None:
             out_model = stored.model
         shutil.rmtree(work / "scratch", ignore_errors=True)
@@ -294,8 +317,14 @@ def _run_step(
     }
     if out_model is not None:
         state.model, state.digest = out_model, out_digest
+        state.artifacts, state.ship_model = [], True
         if impl.produces_reference:
             state.reference, state.reference_digest = out_model, out_digest
+    if artifacts:
+        record["artifacts"] = [
+            {"name": p.name, "size_bytes": p.stat().st_size, "sha256": _sha(p)} for p in artifacts
+        ]
+        state.artifacts, state.ship_model = artifacts, ship_model
     return record
 
 

@@ -99,3 +99,9 @@ class StepResult:
     model: Path | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     skipped: str | None = None  # set when the pass found nothing to do (the reason)
+    # Files (names inside the step's output directory) shipped beside the component's model,
+    # e.g. a compiled EPContext model and its context binary. Kept until a later step
+    # produces a new model.
+    artifacts: tuple[str, ...] = ()
+    # False: the output ships the artifacts only, not the model the chain carries.
+    ship_model: bool = True

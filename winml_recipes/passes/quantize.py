@@ -185,7 +185,7 @@ def _static(
             seed + HELD_OUT_SEED_OFFSET,
         )
         metrics["mixed_precision_auto"] = promote(
-            src, out, cfg, ranges_path, overrides, exclude, held_out, ctx
+            src, out, cfg, ranges_path, overrides, exclude, held_out, ctx, shared
         )
     report = quantization_report(model, load_model(out))
     return StepResult(out, _base_metrics(cfg) | report | metrics)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from winml_recipes.engine.types import StepContext
+from winml_recipes.errors import ExecutionProviderError
 from winml_recipes.quant.config import QuantConfig
 
 
@@ -54,6 +55,7 @@ def promote(
     exclude: list[str],
     held_out,
     ctx: StepContext,
+    shared: list[list[str]] | None = None,
 ) -> dict[str, Any]:
     """Improve `out` in place; returns the record of what was promoted and why."""
     from winml_recipes.feeds import take
@@ -62,6 +64,7 @@ def promote(
     from winml_recipes.runtime.sessions import run_model
 
     assert cfg.auto is not None
+    shared = shared or []
     target = float(cfg.auto["target_sqnr_db"])
     budget = int(cfg.auto["max_promoted"])
     wide = cfg.auto["type"]
@@ -79,31 +82,57 @@ def promote(
     }
     if min(scores.values()) >= target:
         return record | {"promoted": [], "rounds": rounds, "met": True}
+    if cfg.activation_type == wide:
+        # Promoting to the type every activation already has changes nothing.
+        return record | {
+            "promoted": [],
+            "rounds": rounds,
+            "met": False,
+            "reason": f"every activation is already {wide}: nothing to promote",
+        }
     weights_only, damage = quantization_damage(out, src, eval_feeds, reference, ctx.work_dir)
     record["output_sqnr_db_weights_only"] = round(weights_only, 2)
     candidates = sorted((t for t in damage if t not in overrides), key=lambda t: damage[t])
     promoted: list[str] = []
     trial = ctx.work_dir / "promoted.onnx"
-    best_model: Path | None = None
+    group_of = {t: g for g in shared for t in g}
+    best = ctx.work_dir / "promoted-best.onnx"
+    improved = False
     step = 1
     while min(scores.values()) < target and len(promoted) < budget and candidates:
         k = min(step, budget - len(promoted), len(candidates))
-        promoted += candidates[:k]
-        candidates = candidates[k:]
-        trial_overrides = {**overrides, **{t: [{"quant_type": wide}] for t in promoted}}
+        batch, candidates = candidates[:k], candidates[k:]
+        # Tensors that must share one encoding on the target are promoted together.
+        batch = list(dict.fromkeys(m for t in batch for m in group_of.get(t, [t])))
+        candidates = [t for t in candidates if t not in batch]
+        trial_overrides = {
+            **overrides,
+            **{t: [{"quant_type": wide}] for t in [*promoted, *batch]},
+        }
         quantize_static_qdq(src, trial, cfg, ranges_path, trial_overrides, exclude)
-        scores = _score(trial, eval_feeds, reference, device)
+        try:
+            trial_scores = _score(trial, eval_feeds, reference, device)
+        except ExecutionProviderError as exc:
+            # The target cannot build this mix of types: keep the last good model, go on.
+            rounds.append({"promoted": len(promoted), "rejected": batch, "error": exc.message})
+            step *= 2
+            continue
+        promoted += batch
+        scores = trial_scores
         rounds.append({"promoted": len(promoted), "output_sqnr_db": scores})
-        best_model = trial
+        shutil.copyfile(trial, best)
+        improved = True
         step *= 2
-    if best_model is not None:
-        shutil.copyfile(best_model, out)
+    if improved:
+        shutil.copyfile(best, out)
     return record | {
         "promoted": [
             {
                 "tensor": t,
                 "to": wide,
-                "output_sqnr_db_if_only_this_is_quantized": round(damage[t], 2),
+                "output_sqnr_db_if_only_this_is_quantized": (
+                    round(damage[t], 2) if t in damage else None
+                ),
             }
             for t in promoted
         ],
