@@ -84,3 +84,75 @@ def build_onnx(
         recipe = write_adhoc_project(model, Path(tmp), device, precision, shapes or {})
         return build(recipe, device=device, precision=precision,
                      catalog_dir=Path(tmp) / "catalog", **kwargs)  # fmt: skip
+
+
+def compare(
+    candidate: Path | str,
+    reference: Path | str,
+    *,
+    device: str = "npu",
+    npz: str | None = None,
+    samples: int = 2,
+    seed: int = 0,
+    threshold_db: float = 30.0,
+    ranges: dict[str, tuple[float, float]] | None = None,
+    values: dict[str, tuple[float, ...]] | None = None,
+) -> dict[str, Any]:
+    """Per-tensor comparison of a QDQ model on the device's EP vs its CPU simulation and
+    the float model: which tensor first goes wrong on the target.
+
+    Inputs: `npz` (a file or glob of .npz files with the model's input names), else seeded
+    synthetic data from the reference's input types, with `ranges` ([low, high), integers
+    high-exclusive) or allowed `values` per input name.
+    """
+    import dataclasses
+    import tempfile
+
+    from winml_recipes.errors import RecipeError, WinmlError
+    from winml_recipes.feeds import check_npz, from_npz, npz_files, synthetic, take
+    from winml_recipes.onnx.inputs import specs_from_model
+    from winml_recipes.onnx.io import load_model
+    from winml_recipes.presets import resolve_target
+    from winml_recipes.quant.divergence import compare_tensors, first_divergence
+    from winml_recipes.sources import local_model_file
+    from winml_recipes.specs import IOContract
+
+    resolve_target(device, "fp32")
+    candidate, reference = local_model_file(str(candidate)), local_model_file(str(reference))
+    specs, dims = specs_from_model(load_model(reference, load_external_data=False))
+    known = {s.name for s in specs}
+    for name in [*(ranges or {}), *(values or {})]:
+        if name not in known:
+            raise RecipeError(f"--range/--values: '{name}' is not an input; inputs: {known}")
+    specs = [
+        dataclasses.replace(
+            s,
+            range=(ranges or {}).get(s.name, s.range),
+            values=(values or {}).get(s.name, s.values),
+        )
+        for s in specs
+    ]
+    contract = IOContract(inputs=tuple(specs), dims=dims)
+    if npz:
+        files = npz_files(npz, Path.cwd())
+        check_npz(files, contract)
+        factory = from_npz(files, contract, samples)
+    else:
+        factory = synthetic(contract, samples, seed)
+    feeds = take(factory, samples)
+    with tempfile.TemporaryDirectory(prefix="winml-compare-") as tmp:
+        try:
+            rows, record = compare_tensors(candidate, reference, feeds, device, Path(tmp))
+        except WinmlError as exc:
+            exc.where = str(candidate)  # not the temporary copy
+            raise
+    first = first_divergence(rows, threshold_db)
+    return {
+        "candidate": str(candidate),
+        "reference": str(reference),
+        "device": device,
+        "samples": len(feeds),
+        **record,
+        "first_divergence": first.to_json() if first else None,
+        "tensors": [r.to_json() for r in rows],
+    }

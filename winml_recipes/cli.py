@@ -256,7 +256,17 @@ def _print_summary(result) -> None:
         size = comp["artifact"]["size_bytes"] / 1e6
         click.echo(f"  {name}: {size:.2f} MB  [{statuses}]")
         for s in comp["steps"]:
-            outs = s.get("metrics", {}).get("outputs") if s["pass"] == "verify" else None
+            metrics = s.get("metrics", {})
+            if s["pass"] == "verify" and metrics.get("verified_on"):
+                click.echo(f"    verified on {_where_verified(metrics)}")
+            if s["pass"] == "compile" and s["status"] != "skipped":
+                agree = metrics.get("compiled_vs_uncompiled", {})
+                same = "bit-exact" if agree.get("bit_exact") else f"max_abs {agree.get('max_abs')}"
+                click.echo(f"    compiled: {', '.join(a['name'] for a in s.get('artifacts', []))}"
+                           f" ({same} vs the uncompiled model on the EP)")  # fmt: skip
+            if s["status"] == "skipped" and s["pass"] in ("compile", "quantize"):
+                click.echo(f"    {s['pass']} skipped: {s.get('reason', '')}")
+            outs = metrics.get("outputs") if s["pass"] == "verify" else None
             for out, met in (outs or {}).items():
                 click.echo(
                     f"    {out}: SQNR {met['sqnr_db']:.1f} dB, cosine {met['cosine']:.5f},"
@@ -264,10 +274,22 @@ def _print_summary(result) -> None:
                 )
 
 
+def _where_verified(metrics: dict[str, Any]) -> str:
+    ep = metrics.get("execution_provider", {})
+    where = metrics["verified_on"]
+    if where == "cpu-simulation":
+        return f"cpu-simulation: {ep.get('provider')} is not available here ({ep.get('reason')})"
+    versions = ", ".join(f"{k} {v}" for k, v in ep.get("versions", {}).items())
+    nodes = metrics.get("placement", {}).get("nodes", {})
+    placed = ", ".join(f"{k} {v} nodes" for k, v in nodes.items())
+    return f"{where} ({versions})" + (f": {placed}" if placed else "")
+
+
 @main.command()
 @click.option("--json", "as_json", is_flag=True)
 def passes(as_json) -> None:
-    """List the registered passes with the devices and precisions each supports."""
+    """List the registered passes (devices, precisions) and the execution providers this
+    machine can load (QNN HTP for npu: `pip install onnxruntime-qnn`)."""
     from winml_recipes.engine.registry import all_passes, describe_support
 
     rows = []
@@ -283,14 +305,34 @@ def passes(as_json) -> None:
                 "module": cls.__module__,
             }
         )
+    eps = _execution_providers()
     if as_json:
-        _echo_json(rows)
+        _echo_json({"passes": rows, "execution_providers": eps})
         return
     for r in rows:
         click.echo(
             f"{r['name']:<12} v{r['version']}  devices: {r['devices']:<14} "
             f"precisions: {r['precisions']:<10} {r['summary']}"
         )
+    click.echo("\nexecution providers (verify runs the candidate on its device's EP):")
+    for ep in eps:
+        state = "available" if ep["available"] else f"not available: {ep['reason']}"
+        versions = ", ".join(f"{k} {v}" for k, v in ep.get("versions", {}).items())
+        click.echo(
+            f"  {ep['key']:<8} {ep['provider']:<22} devices: {', '.join(ep['devices']) or '-':<5}"
+            f" {state}" + (f" ({versions})" if versions else "")
+        )
+
+
+def _execution_providers() -> list[dict[str, Any]]:
+    from winml_recipes.presets import device_settings, devices
+    from winml_recipes.runtime.providers import execution_providers, identity
+
+    rows = []
+    for key in execution_providers():
+        used_by = [d for d in devices() if device_settings(d).get("execution_provider") == key]
+        rows.append({**identity(key), "devices": used_by})
+    return rows
 
 
 @main.group()
@@ -379,6 +421,107 @@ def inspect(model, as_json) -> None:
     quant = detect_quantization(proto)
     click.echo(f"{shown}: " + (f"quantized ({quant.describe()})" if quant.quantized else "float"))
     click.echo(yaml.safe_dump(digest, sort_keys=False).rstrip())
+
+
+@main.command()
+@click.argument("candidate")
+@click.argument("reference")
+@click.option("--device", default="npu", show_default=True, help="Target device (its EP runs).")
+@click.option("--npz", help="Input samples: a .npz file or glob (default: seeded synthetic).")
+@click.option("--samples", default=2, show_default=True, type=click.IntRange(1, 64))
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0))
+@click.option(
+    "--threshold",
+    "threshold_db",
+    default=30.0,
+    show_default=True,
+    help="Target-vs-simulation SQNR (dB) under which a tensor counts as diverged.",
+)
+@click.option(
+    "--range",
+    "ranges",
+    multiple=True,
+    metavar="INPUT=LOW:HIGH",
+    help="Synthetic range of an input (integers: HIGH excluded). Repeatable.",
+)
+@click.option(
+    "--values",
+    "values",
+    multiple=True,
+    metavar="INPUT=V1,V2,...",
+    help="Allowed values of an input (e.g. labels). Repeatable.",
+)
+@click.option("--all", "show_all", is_flag=True, help="Print every tensor, not only losses.")
+@click.option("--json", "as_json", is_flag=True)
+def compare(
+    candidate, reference, device, npz, samples, seed, threshold_db, ranges, values, show_all,
+    as_json,
+):  # fmt: skip
+    """Which tensor first goes wrong on the target: a QDQ CANDIDATE on the device's execution
+    provider vs the same model on the CPU EP (float simulation of Q/DQ) vs the float REFERENCE.
+    """
+    from winml_recipes import api
+
+    report = api.compare(
+        candidate,
+        reference,
+        device=device,
+        npz=npz,
+        samples=samples,
+        seed=seed,
+        threshold_db=threshold_db,
+        ranges={k: _numbers(v, ":", k, 2) for k, v in _pairs(ranges, "--range").items()},
+        values={k: _numbers(v, ",", k) for k, v in _pairs(values, "--values").items()},
+    )
+    if as_json:
+        _echo_json(report)
+        return
+    placement = report.get("placement", {}).get("nodes", {})
+    click.echo(
+        f"ran on {report['verified_on']} ({', '.join(f'{k}: {v}' for k, v in placement.items())})"
+        f", {report['samples']} samples; SQNR dB: target/float, simulation/float, target/sim"
+    )
+    first = report["first_divergence"]
+    for row in report["tensors"]:
+        lost = row["simulation_vs_float_db"] - row["target_vs_float_db"]
+        if show_all or lost >= 3.0 or row is first or row == first:
+            mark = "  <- first divergence" if row == first else ""
+            click.echo(
+                f"  {row['op_type']:<18} {row['tensor'][:48]:<48} {row['target_vs_float_db']:7.1f}"
+                f" {row['simulation_vs_float_db']:7.1f} {row['target_vs_simulation_db']:7.1f}{mark}"
+            )
+    if first is None:
+        click.echo(f"no tensor departs from the simulation by more than the {threshold_db} dB rule")
+    else:
+        click.echo(
+            f"first divergence: {first['tensor']} ({first['op_type']} {first['node']}): "
+            f"{first['target_vs_float_db']:.1f} dB on the target vs "
+            f"{first['simulation_vs_float_db']:.1f} dB simulated"
+        )
+
+
+def _pairs(items: tuple[str, ...], option: str) -> dict[str, str]:
+    from winml_recipes.errors import RecipeError
+
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise RecipeError(f"{option} {item!r}: expected NAME=VALUE")
+        out[name] = value
+    return out
+
+
+def _numbers(text: str, sep: str, name: str, count: int | None = None) -> tuple[float, ...]:
+    from winml_recipes.errors import RecipeError
+
+    try:
+        numbers = tuple(float(x) for x in text.split(sep))
+    except ValueError:
+        raise RecipeError(f"{name}={text}: not numbers separated by '{sep}'") from None
+    if count is not None and len(numbers) != count:
+        raise RecipeError(f"{name}={text}: expected {count} numbers separated by '{sep}'")
+    return numbers
 
 
 EXIT_NEEDS_REWRITE = 3

@@ -258,7 +258,28 @@ def manifest_schema() -> dict[str, Any]:
             "input_sha256": {"anyOf": [sha, {"type": "null"}]},
             "output_sha256": {"anyOf": [sha, {"type": "null"}]},
             "cache_key": {"type": "string"},
-            "metrics": {"type": "object"},
+            "metrics": {
+                "type": "object",
+                "description": "Pass metrics. verify adds verified_on (an EP key such as "
+                "qnn-htp, or cpu-simulation where the device's EP cannot load here), "
+                "execution_provider {key, provider, backend, available, versions | reason}, "
+                "placement {nodes, partitions per EP} and cpu_simulation {outputs}.",
+            },
+            "artifacts": {
+                "type": "array",
+                "description": "Files this step ships beside the model (e.g. compile's "
+                "EPContext model and context binary).",
+                "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["name", "size_bytes", "sha256"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "size_bytes": {"type": "integer", "minimum": 0},
+                        "sha256": sha,
+                    },
+                },
+            },
         },
     }
     component = {

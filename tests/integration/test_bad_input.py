@@ -385,7 +385,15 @@ def test_plan_json(proj: Project) -> None:
         {"pass": "fix_shapes", "options": {}},
         {
             "pass": "verify",
-            "options": {"min_sqnr_db": 30.0, "min_cosine": 0.99, "samples": 3, "seed": 0},
+            "options": {
+                "min_sqnr_db": 30.0,
+                "min_cosine": 0.99,
+                "samples": 3,
+                "seed": 0,
+                "allow_cpu_fallback": False,
+                "require_ep": False,
+                "compare_simulation": True,
+            },
         },
     ]
     proj.assert_nothing_written()

@@ -68,7 +68,7 @@ def test_no_cache_builds_are_byte_identical(tmp_path) -> None:
 
 def test_export_is_shared_across_targets_but_not_target_steps(tiny_build, tmp_path) -> None:
     npu = api.build(
-        RECIPES / "sam3-tiny.yaml", device="npu", precision="fp32", output_root=tmp_path
+        RECIPES / "sam3-tiny.yaml", device="npu", precision="w8a16", output_root=tmp_path
     )
     steps = {s["pass"]: s for s in npu.manifest["components"]["vision_encoder"]["steps"]}
     assert steps["export"]["status"] == "cached"
@@ -99,8 +99,10 @@ def test_cli_build_json_and_plan(tiny_build, tmp_path) -> None:
     manifest = json.loads(done.stdout)
     assert manifest["target"] == {"device": "cpu", "precision": "fp32"}
     plan = cli_subprocess(
-        "plan", RECIPES / "sam3-tiny.yaml", "--device", "npu", "--precision", "fp32", "--json"
+        "plan", RECIPES / "sam3-tiny.yaml", "--device", "npu", "--precision", "w8a16", "--json"
     )
     assert plan.returncode == 0, plan.stderr
     steps = json.loads(plan.stdout)["components"]["vision_encoder"]["steps"]
-    assert [s["pass"] for s in steps] == ["export", "normalize", "fix_shapes", "verify"]
+    assert [s["pass"] for s in steps] == [
+        "export", "normalize", "fix_shapes", "quantize", "verify", "compile"
+    ]  # fmt: skip

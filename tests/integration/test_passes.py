@@ -78,7 +78,7 @@ def test_verify_below_threshold_fails_and_writes_nothing(tmp_path) -> None:
     result = cli("build", recipe, "-o", tmp_path / "build")
     assert result.exit_code == 2
     assert result.stderr.strip() == (
-        "error: model/verify: verification failed: y: SQNR 200.00 dB < 250 dB"
+        "error: model/verify: verification on cpu failed: y: SQNR 200.00 dB < 250 dB"
     )
     assert not (tmp_path / "build" / "mlp" / "cpu-fp32").exists()
 

@@ -380,6 +380,9 @@ def mlp_builds(mproj: Project) -> dict[tuple[str, str], object]:
         "mlp",
         """\
         steps:
+        {% if device == "npu" %}
+          - fix_shapes  # QNN HTP runs static shapes only
+        {% endif %}
           - quantize: {calibration: {samples: 5}}
           - verify: {min_sqnr_db: 15, min_cosine: 0.98}
         """,
@@ -856,7 +859,7 @@ def sam3(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     out = tmp_path_factory.mktemp("sam3-quant")
     return {
         f"{d}/{p}": api.build(RECIPES / "sam3-tiny.yaml", device=d, precision=p, output_root=out)
-        for d, p in [("npu", "uint8"), ("npu", "w8a16"), ("cpu", "int8")]
+        for d, p in [("cpu", "uint8"), ("npu", "w8a16"), ("cpu", "int8")]
     }
 
 
@@ -869,7 +872,7 @@ DECODER = "prompt_encoder_mask_decoder"
 
 
 def test_sam3_auto_mixed_precision(sam3) -> None:
-    auto = qmetrics(sam3["npu/uint8"], DECODER)["mixed_precision_auto"]
+    auto = qmetrics(sam3["cpu/uint8"], DECODER)["mixed_precision_auto"]
     assert auto["met"] is True
     assert auto["target_sqnr_db"] == 20 and auto["type"] == "uint16"
     promoted = auto["promoted"]
@@ -886,7 +889,7 @@ def test_sam3_auto_mixed_precision(sam3) -> None:
     assert last["pred_masks"] >= 20 and min(last.values()) >= 20
     assert last["pred_masks"] - first["pred_masks"] >= 10
     # the promoted tensors are 16 bit in the written model
-    model = load(sam3["npu/uint8"], DECODER)
+    model = load(sam3["cpu/uint8"], DECODER)
     inits = inits_of(model)
     wide = {
         n.input[0].removesuffix("_QuantizeLinear_Input")
@@ -894,7 +897,7 @@ def test_sam3_auto_mixed_precision(sam3) -> None:
         if n.op_type == "QuantizeLinear" and inits[n.input[2]].dtype == np.uint16
     }
     assert {e["tensor"] for e in promoted} <= wide
-    assert verify_sqnr(sam3["npu/uint8"], DECODER)["pred_masks"] >= 15
+    assert verify_sqnr(sam3["cpu/uint8"], DECODER)["pred_masks"] >= 15
 
 
 def test_sam3_w8a16_quality_contract(sam3) -> None:

@@ -55,7 +55,8 @@ class QuantizePass(Pass):
         from winml_recipes.runtime.providers import identity, provider_for_device
 
         data = upstream_data_digest(options.get("calibration"), ctx.upstream, ctx.recipe_dir)
-        if not (options.get("mixed_precision") or {}).get("auto"):
+        mixed = options.get("mixed_precision")
+        if not (isinstance(mixed, dict) and mixed.get("auto")):
             return data
         # Automatic mixed precision scores candidates on the target's EP where it loads.
         return {"data": data, "scored_on": identity(provider_for_device(ctx.target.device).key)}

@@ -141,12 +141,19 @@ def availability(key: str) -> Availability:
         )
     if not Path(library).is_file():
         return Availability(False, f"EP library not found: {library}")
-    if not any(d.ep_name == ep.provider for d in ort.get_ep_devices()):
+    from winml_recipes.runtime.native import native_output_captured
+
+    # The QNN libraries print to stdout when they load (LIBNATIVE ...).
+    with native_output_captured():
         try:
-            ort.register_execution_provider_library(ep.provider, library)
+            if not ep_devices(ep):
+                ort.register_execution_provider_library(ep.provider, library)
+            error = None
         except Exception as exc:  # ORT raises Fail with the loader's message
-            return Availability(False, f"cannot load {library}: {_first_line(exc)}")
-    if not any(d.ep_name == ep.provider for d in ort.get_ep_devices()):
+            error = exc
+    if error is not None:
+        return Availability(False, f"cannot load {library}: {_first_line(error)}")
+    if not ep_devices(ep):
         return Availability(False, f"{ep.provider} registered but offers no device on this host")
     return Availability(True, versions=_versions(ep), library=library)
 

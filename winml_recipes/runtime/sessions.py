@@ -9,11 +9,8 @@ with the first nodes it refused, their op types and the EP's own reason when it 
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import sys
-import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +19,7 @@ import numpy as np
 import onnxruntime as ort
 
 from winml_recipes.errors import ExecutionProviderError, ModelFileError
+from winml_recipes.runtime.native import native_output_captured
 from winml_recipes.runtime.providers import (
     CPU,
     ExecutionProvider,
@@ -55,32 +53,6 @@ def session_options() -> ort.SessionOptions:
     so.use_deterministic_compute = True
     so.log_severity_level = 3
     return so
-
-
-@contextlib.contextmanager
-def native_output_captured() -> Iterator[list[str]]:
-    """Capture what native code writes to fds 1 and 2 (EP libraries print there directly).
-
-    Yields a list that holds the captured text once the block exits. os.dup/dup2 exist on
-    Windows too.
-    """
-    captured: list[str] = []
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    saved = [os.dup(1), os.dup(2)]
-    with tempfile.TemporaryFile(mode="w+b") as sink:
-        try:
-            os.dup2(sink.fileno(), 1)
-            os.dup2(sink.fileno(), 2)
-            yield captured
-        finally:
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
-            sink.seek(0)
-            captured.append(sink.read().decode("utf-8", "replace"))
 
 
 @dataclass(frozen=True)
@@ -229,12 +201,38 @@ def _refused(
     why = f"; the EP says: {reason.group(0).strip()[:200]}" if reason else ""
     if not refused:
         shown = "unknown nodes"
+    dynamic = _dynamic_inputs(path)
+    if dynamic and not ep.is_cpu:
+        why += (
+            f"; the graph's inputs have dynamic dims ({', '.join(dynamic)}) and "
+            f"{ep.provider} needs static shapes: add fix_shapes before this step"
+        )
     return ExecutionProviderError(
         f"{ep.provider} ({ep.backend or ep.key}) refused {len(refused) or 'some'} node(s): "
         f"{shown}{why}; allow CPU fallback (verify: {{allow_cpu_fallback: true}}) or keep "
         "those ops out of the graph",
         where=str(path),
     )
+
+
+def _dynamic_inputs(path: Path) -> list[str]:
+    from winml_recipes.onnx.io import load_model
+
+    try:
+        graph = load_model(path, load_external_data=False).graph
+    except Exception:
+        return []
+    initializers = {t.name for t in graph.initializer}
+    dims: list[str] = []
+    for vi in graph.input:
+        if vi.name in initializers:
+            continue
+        for d in vi.type.tensor_type.shape.dim:
+            if not d.HasField("dim_value"):
+                name = d.dim_param or "?"
+                if name not in dims:
+                    dims.append(name)
+    return dims
 
 
 def load_session(path: Path | str) -> ort.InferenceSession:
