@@ -6,6 +6,8 @@
   vision encoder with 8 and with 32 samples; the ratio must stay at or below 1.2.
 - decoder quality (bench/quality.py): held-out SQNR of the sam3-tiny decoder under each
   quantization setting, against the naive baseline measured in the same run.
+- QNN HTP (bench/htp.py): verification of the sam3-tiny npu/w8a16 graphs on QNN HTP and
+  their EPContext compile, as ratios against verification on the CPU EP.
 
 Run with `make bench`. Prints a table and writes bench/out/results.json.
 """
@@ -85,6 +87,10 @@ def main() -> int:
     import quality
 
     quality.main()
+    print()
+    import htp
+
+    htp.main()
     return 0 if ok and memory_ok else 1
 
 

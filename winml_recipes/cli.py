@@ -78,7 +78,12 @@ def _load_kwargs(device, precision, defines, catalog_dir) -> dict[str, Any]:
 @click.version_option(package_name="winml-recipes")
 @click.pass_context
 def main(ctx: click.Context, debug: bool) -> None:
-    """Build ONNX models for on-device inference from declarative recipes."""
+    """Build ONNX models for on-device inference from declarative recipes.
+
+    Each device builds for an execution provider (cpu: CPU EP; npu: QNN HTP, from the
+    onnxruntime-qnn package; gpu: DirectML). verify runs the candidate on it; `passes` shows
+    which of them this machine can load.
+    """
     ctx.obj = {"debug": debug}
 
 

@@ -137,7 +137,7 @@ def plugin_on_path(tmp_path, monkeypatch):
 
 def test_entry_point_pass_is_registered_planned_and_refused_on_cpu(plugin_on_path, tmp_path):
     listed = cli("passes", "--json")
-    rows = {r["name"]: r for r in json.loads(listed.stdout)}
+    rows = {r["name"]: r for r in json.loads(listed.stdout)["passes"]}
     assert rows["npu_only"]["devices"] == "npu" and rows["npu_only"]["version"] == 3
     recipe = make_mlp_project(tmp_path, steps="[npu_only]")
     npu = api.build(recipe, device="npu", precision="fp32", output_root=tmp_path / "b")

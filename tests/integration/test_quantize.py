@@ -465,7 +465,12 @@ def test_static_conv(mproj: Project) -> None:
 
 def test_dynamic_mode(mproj: Project) -> None:
     recipe = mproj.recipe(
-        "mlp", "steps: [{quantize: {mode: dynamic}}, {verify: {min_sqnr_db: 25}}]\n", name="dyn"
+        # reduce_range: 7-bit weights, so u8 x s8 products cannot saturate on CPUs whose
+        # MatMulInteger kernel adds pairs in int16 (VPMADDUBSW without VNNI): the model is
+        # then the same on every machine.
+        "mlp",
+        "steps: [{quantize: {mode: dynamic, reduce_range: true}}, {verify: {min_sqnr_db: 25}}]\n",
+        name="dyn",
     )
     result = mproj.build(recipe, "cpu", "int8")
     model = load(result)
@@ -874,7 +879,8 @@ DECODER = "prompt_encoder_mask_decoder"
 def test_sam3_auto_mixed_precision(sam3) -> None:
     auto = qmetrics(sam3["cpu/uint8"], DECODER)["mixed_precision_auto"]
     assert auto["met"] is True
-    assert auto["target_sqnr_db"] == 20 and auto["type"] == "uint16"
+    assert auto["target_sqnr_db"] == 25 and auto["type"] == "uint16"
+    assert auto["scored_on"] == "cpu" and auto["ranked_on"] == "cpu-simulation"
     promoted = auto["promoted"]
     assert 0 < len(promoted) <= auto["max_promoted"]
     for entry in promoted:
@@ -885,9 +891,9 @@ def test_sam3_auto_mixed_precision(sam3) -> None:
     rounds = auto["rounds"]
     assert rounds[0]["promoted"] == 0 and rounds[-1]["promoted"] == len(promoted)
     first, last = rounds[0]["output_sqnr_db"], rounds[-1]["output_sqnr_db"]
-    assert first["pred_masks"] < 10
-    assert last["pred_masks"] >= 20 and min(last.values()) >= 20
-    assert last["pred_masks"] - first["pred_masks"] >= 10
+    assert first["pred_masks"] < 25
+    assert last["pred_masks"] >= 25 and min(last.values()) >= 25
+    assert last["pred_masks"] - first["pred_masks"] >= 3
     # the promoted tensors are 16 bit in the written model
     model = load(sam3["cpu/uint8"], DECODER)
     inits = inits_of(model)
@@ -897,7 +903,7 @@ def test_sam3_auto_mixed_precision(sam3) -> None:
         if n.op_type == "QuantizeLinear" and inits[n.input[2]].dtype == np.uint16
     }
     assert {e["tensor"] for e in promoted} <= wide
-    assert verify_sqnr(sam3["cpu/uint8"], DECODER)["pred_masks"] >= 15
+    assert verify_sqnr(sam3["cpu/uint8"], DECODER)["pred_masks"] >= 20
 
 
 def test_sam3_w8a16_quality_contract(sam3) -> None:

@@ -1,19 +1,21 @@
 """Quantization rules the QNN HTP backend needs beyond onnxruntime's `get_qnn_qdq_config`.
 
 Measured on the HTP backend (onnxruntime-qnn 2.7, QNN SDK 2.51), not documented by it:
-`ScatterElements` (and `ScatterND`) write the update's *integer* values into the data
+`ScatterElements` writes the update's *integer* values into the data
 tensor, reinterpreted with the data's encoding. onnxruntime's quantizer gives data,
 updates and output their own scale/zero point, which is right on the CPU EP (it simulates
 Q/DQ in float) and wrong on the NPU: in SAM 3's prompt encoder (`coords[..., 0] = ...`)
 the scattered coordinates came out as 87.8 where 0.81 was right, and the masks as noise
 (-5 dB). Giving those tensors one shared range, hence one scale/zero point, makes the
-same graph right on HTP.
+same graph right on HTP. (`ScatterND` quantized the same way does not even finalize on
+HTP in a five-node graph, so no rule for it is claimed here.)
 
 onnxruntime's QDQ quantizer gives the output of a data-movement op (Reshape, Unsqueeze,
 Gather, ...) the encoding of its input, so the unified set follows those links upstream:
 the updates of a scatter are often an Unsqueeze of the tensor whose range sets their
-scale. The ranges are unified before onnxruntime's quantizer sees them (through the calibration
-cache), so its own QDQ insertion produces the shared encoding; nothing is edited after.
+scale. The ranges are unified before onnxruntime's quantizer sees them (through the
+calibration cache), so its own QDQ insertion produces the shared encoding; nothing is edited
+after.
 """
 
 from __future__ import annotations
@@ -25,10 +27,9 @@ import onnx
 # op type -> input positions that must share the output's encoding on HTP.
 SHARED_ENCODING_INPUTS: dict[str, tuple[int, ...]] = {
     "ScatterElements": (0, 2),
-    "ScatterND": (0, 2),
     # onnxruntime's quantizer leaves Identity out of its registry, so its input and output
-    # keep their own ranges; HTP passes the integers through unchanged (in SAM 3's decoder
-    # coordinates in [0, 0.81] came out clipped by a [0, 112] encoding).
+    # may get different encodings; HTP passes the integers through without requantizing
+    # (SAM 3's decoder broke where an Identity joined a widened scatter group to the rest).
     "Identity": (0,),
 }
 
