@@ -60,6 +60,15 @@ def load_entry(name: str, catalog_dir: Path) -> CatalogEntry:
     if not catalog_dir.is_dir():
         raise CatalogError(f"catalog directory not found: {catalog_dir}; pass --catalog DIR")
     path = catalog_dir / f"{name}.yaml"
+    if path.is_symlink() or path.exists():
+        real = path.resolve()
+        if catalog_dir.resolve() not in real.parents:
+            raise CatalogError(
+                "is a link that leaves the catalog directory; catalog entries are files in it",
+                where=str(path),
+            )
+        if not real.is_file():
+            raise CatalogError("is not a regular file", where=str(path))
     if not path.is_file():
         names = entry_names(catalog_dir)
         close = difflib.get_close_matches(name, names, n=1)

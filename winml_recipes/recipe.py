@@ -129,9 +129,41 @@ def _template_line(exc: BaseException, filename: str) -> int | None:
     return found
 
 
+class _UnsafeInclude(jinja2.TemplateNotFound):
+    """An include that exists but may not be read (a link out of the partials, a pipe)."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        super().__init__(name)
+        self.problem = problem
+
+
+class _PartialsLoader(jinja2.FileSystemLoader):
+    """Includes are regular files inside the partials folder, after resolving symlinks.
+
+    jinja2's FileSystemLoader refuses `..` in names but follows a symlink wherever it
+    points; a cloned recipe repository can carry such a link. Checked before reading.
+    """
+
+    def get_source(self, environment, template):
+        from jinja2.loaders import split_template_path
+
+        root = Path(self.searchpath[0])
+        try:
+            candidate = root.joinpath(*split_template_path(template))
+        except jinja2.TemplateNotFound:
+            raise
+        if candidate.exists() or candidate.is_symlink():
+            real, base = candidate.resolve(), root.resolve()
+            if base not in real.parents:
+                raise _UnsafeInclude(template, "is a link that leaves the partials directory")
+            if not real.is_file():
+                raise _UnsafeInclude(template, "is not a regular file")
+        return super().get_source(environment, template)
+
+
 def _environment(path: Path) -> ImmutableSandboxedEnvironment:
     return _RecipeSandbox(
-        loader=jinja2.FileSystemLoader(str(path.parent / PARTIALS_DIR), encoding="utf-8"),
+        loader=_PartialsLoader(str(path.parent / PARTIALS_DIR), encoding="utf-8"),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
@@ -160,7 +192,7 @@ def render(path: Path, variables: dict[str, Any]) -> str:
         raise RecipeError(f"template syntax error: {exc.message}", where=where) from None
     except jinja2.TemplateNotFound as exc:
         line = _template_line(exc, str(path)) or 1
-        problem = _include_problem(str(exc.name))
+        problem = getattr(exc, "problem", None) or _include_problem(str(exc.name))
         if problem:
             message = f"include '{exc.name}' {problem}; includes are file names inside {partials}"
         else:
@@ -345,8 +377,10 @@ def _source_location(where: str, rendered: str, path: Path) -> str:
     candidates = [(path, i + 1) for i, s in enumerate(source_lines) if s.strip() == text]
     partials = path.parent / PARTIALS_DIR
     if not candidates and partials.is_dir():
+        base = partials.resolve()
         for partial in sorted(partials.rglob("*")):
-            if partial.is_file():
+            # the same rule as includes: regular files inside the partials, links resolved
+            if not partial.is_symlink() and partial.is_file() and base in partial.resolve().parents:
                 lines = partial.read_text(encoding="utf-8", errors="replace").splitlines()
                 candidates += [(partial, i + 1) for i, s in enumerate(lines) if s.strip() == text]
     if text and len(candidates) == 1:

@@ -7,6 +7,7 @@ import os
 import shutil
 
 import onnx
+import pytest
 import yaml
 
 from tests.conftest import cli, make_mlp_onnx
@@ -100,6 +101,35 @@ def test_a_damaged_cache_entry_is_rebuilt_not_trusted(tmp_path) -> None:
     assert (cache / key[:2] / key / "model.onnx").stat().st_size == stored["files"]["model.onnx"]
 
 
+@pytest.mark.parametrize("damage", ["zeroed", "garbage", "symlink"])
+def test_a_tampered_same_size_cache_entry_is_rebuilt(tmp_path, damage) -> None:
+    """Same size, other bytes (zeroed weights, garbage) or a link: never served."""
+    recipe = _project(tmp_path)
+    cache = tmp_path / "cache"
+    first = api.build(recipe, output_root=tmp_path / "a", cache_dir=cache)
+    key = next(s for s in first.manifest["components"]["first"]["steps"])["cache_key"]
+    stored = cache / key[:2] / key / "model.onnx"
+    good = stored.read_bytes()
+    if damage == "zeroed":  # the weights zeroed, the protobuf framing kept
+        proto = onnx.load_from_string(good)
+        weights = max((i.raw_data for i in proto.graph.initializer), key=len)
+        assert len(weights) >= 8 and good.count(weights) == 1
+        bad = good.replace(weights, bytes(len(weights)))
+        assert len(bad) == len(good) and bad != good
+        stored.write_bytes(bad)
+    elif damage == "garbage":
+        stored.write_bytes(os.urandom(len(good)))
+    else:
+        decoy = tmp_path / "decoy.onnx"
+        decoy.write_bytes(good)
+        stored.unlink()
+        stored.symlink_to(decoy)
+    again = api.build(recipe, output_root=tmp_path / "b", cache_dir=cache)
+    assert _statuses(again, "first")["quantize"] == "ran"
+    assert again.models["first"].read_bytes() == good
+    assert not stored.is_symlink() and stored.read_bytes() == good  # the entry was replaced
+
+
 def test_a_swap_cut_between_renames_gets_the_previous_output_back(tmp_path) -> None:
     recipe = _project(tmp_path)
     first = api.build(recipe, output_root=tmp_path / "out")
@@ -129,3 +159,47 @@ def test_unwritable_output_is_one_line_exit_2(tmp_path) -> None:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "afile" in lines[0], lines
     shutil.rmtree(tmp_path / "catalog")
+
+
+SWAP_INTERRUPTED = """
+import os, signal, sys
+from pathlib import Path
+from winml_recipes import api
+from winml_recipes.engine import run
+
+real_rename, calls = os.rename, []
+
+def rename(src, dst):
+    real_rename(src, dst)
+    calls.append(dst)
+    if len(calls) == 1:  # Ctrl-C right between the two renames of the swap
+        os.kill(os.getpid(), signal.SIGINT)
+
+run.os.rename = rename
+try:
+    api.build(sys.argv[1], output_root=sys.argv[2])
+except KeyboardInterrupt:
+    print("interrupted after", len(calls), "renames")
+"""
+
+
+def test_ctrl_c_between_the_swap_renames_is_held_until_the_swap_is_done(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    recipe = _project(tmp_path)
+    first = api.build(recipe, output_root=tmp_path / "out")
+    before = (first.output_dir / "manifest.json").read_text()
+    recipe.write_text(
+        recipe.read_text().replace("model: chain\n", "model: chain\ndescription: v2\n")
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", SWAP_INTERRUPTED, str(recipe), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.stdout.strip() == "interrupted after 2 renames", done.stderr
+    after = (first.output_dir / "manifest.json").read_text()
+    assert after != before and "description: v2" in after  # the new output, whole
+    assert sorted(p.name for p in first.output_dir.parent.iterdir()) == [first.output_dir.name]

@@ -64,6 +64,38 @@ class CacheEntry:
         return p if p.exists() else None
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _intact(path: Path, result: dict[str, Any]) -> bool:
+    """Every file of the entry is a regular file (not a link) with its stored size and sha256.
+
+    Hashing costs about a second per GB, far less than any step that made the file; a size
+    check alone let a same-size file with zeroed weights ship as "cached".
+    """
+    import stat
+
+    digests = result.get("sha256")
+    if not isinstance(digests, dict) or set(digests) != set(result.get("files", {})):
+        return False
+    for name, size in result["files"].items():
+        file = path / name
+        try:
+            info = os.lstat(file)
+        except OSError:
+            return False
+        if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+            return False
+        if _sha256(file) != digests[name]:
+            return False
+    return True
+
+
 class StepCache:
     def __init__(self, root: Path | None = None, enabled: bool = True) -> None:
         self.root = root or default_cache_dir()
@@ -80,13 +112,8 @@ class StepCache:
             result = json.loads((path / RESULT_FILE).read_text())
         except (OSError, ValueError):
             return None
-        # An entry whose files are missing or changed size is not trusted: rebuild it.
-        for name, size in result.get("files", {}).items():
-            try:
-                if (path / name).stat().st_size != size:
-                    return None
-            except OSError:
-                return None
+        if not _intact(path, result):
+            return None  # missing, changed, or a link: not trusted; the step runs again
         return CacheEntry(path, result)
 
     def put(self, key: str, files_dir: Path, result: dict[str, Any]) -> CacheEntry | None:
@@ -98,12 +125,13 @@ class StepCache:
         self._sweep(final.parent)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
         try:
-            files = {}
+            files, digests = {}, {}
             for f in files_dir.iterdir():
-                if f.is_file():
+                if f.is_file() and not f.is_symlink():
                     shutil.copy2(f, tmp / f.name)
                     files[f.name] = f.stat().st_size
-            record = {**result, "files": files}
+                    digests[f.name] = _sha256(tmp / f.name)
+            record = {**result, "files": files, "sha256": digests}
             (tmp / RESULT_FILE).write_text(json.dumps(record, sort_keys=True, indent=1))
             if final.exists() and self.get(key) is None:
                 shutil.rmtree(final, ignore_errors=True)  # a damaged entry: replace it

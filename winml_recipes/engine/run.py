@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,10 +122,37 @@ def _sweep_stale(out_dir: Path) -> None:
 
 def _swap_into_place(staging: Path, out_dir: Path) -> None:
     old = out_dir.parent / f".old-{out_dir.name}-{os.getpid()}"
-    if out_dir.exists():
-        os.rename(out_dir, old)
-    os.rename(staging, out_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    try:
+        with _interrupts_held():  # Ctrl-C between the two renames would leave no output
+            if out_dir.exists():
+                os.rename(out_dir, old)
+            os.rename(staging, out_dir)
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Defer SIGINT/SIGTERM until the block is done (main thread only; signal is portable)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[tuple[int, Any]] = []
+    names = [n for n in ("SIGINT", "SIGTERM") if hasattr(signal, n)]
+    previous = {}
+    for name in names:
+        signum = getattr(signal, name)
+        previous[signum] = signal.signal(signum, lambda s, f: received.append((s, f)))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum, _ in received[:1]:
+            signal.raise_signal(signum)  # delivered now, to the handler that was in place
 
 
 def _build_component(

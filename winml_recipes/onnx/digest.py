@@ -166,7 +166,15 @@ class _TensorHasher:
         info = {e.key: e.value for e in t.external_data}
         location = info.get("location", "")
         path = self.base_dir / location if self.base_dir is not None else None
-        if path is None or not path.is_file():
+        # Only read data the one loader would accept (inside the model's folder, a regular
+        # file); anything else is described by its reference, never opened.
+        inside = (
+            path is not None
+            and not Path(location).is_absolute()
+            and self.base_dir is not None
+            and self.base_dir.resolve() in path.resolve().parents
+        )
+        if path is None or not inside or not path.is_file():
             h.update(b"external:")
             for key in ("location", "offset", "length"):
                 h.update(f"{key}={info.get(key, '')};".encode())

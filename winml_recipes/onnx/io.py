@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -24,18 +25,84 @@ EXTERNAL_TENSOR_MIN_BYTES = 1024
 
 
 def sidecar_paths(model_path: Path) -> list[Path]:
-    """Existing external-data files next to `model_path` that the model references."""
+    """Existing external-data files next to `model_path` that the model references.
+
+    Only files that pass `check_external_data` are returned, so a copy of "the model with
+    its sidecars" never reaches outside the model's folder.
+    """
     try:
         proto = onnx.load(str(model_path), load_external_data=False)
     except Exception:
         return []
-    names: set[str] = set()
+    return check_external_data(proto, model_path)
+
+
+def check_external_data(proto: onnx.ModelProto, model_path: Path) -> list[Path]:
+    """The sidecars `proto` references, each a regular file inside the model's folder.
+
+    A location that is absolute, escapes the folder (`..`, or a symlink resolving outside
+    it), is not a regular file, or is shorter than the tensors it should hold raises a
+    one-line ModelFileError before anything opens it. Returns the existing sidecars, sorted.
+    """
+    folder = model_path.parent.resolve()
+    found: dict[str, Path] = {}
+    needed: dict[str, int] = {}
     for tensor in _all_tensors(proto.graph):
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            for entry in tensor.external_data:
-                if entry.key == "location":
-                    names.add(entry.value)
-    return [model_path.parent / n for n in sorted(names) if (model_path.parent / n).exists()]
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
+        where = f"{model_path}: tensor '{tensor.name}'"
+        if not location or Path(location).is_absolute() or Path(location).drive:
+            raise ModelFileError(
+                f"external data location {location!r} must be a file name relative to the "
+                "model's folder",
+                where=where,
+            )
+        target = (model_path.parent / location).resolve()
+        if folder != target.parent and folder not in target.parents:
+            raise ModelFileError(
+                f"external data {location!r} is outside the model's folder; keep the weights "
+                "beside the model",
+                where=where,
+            )
+        try:
+            mode = os.stat(target).st_mode
+        except OSError:
+            continue  # missing: onnx reports it when the data is loaded
+        if not stat.S_ISREG(mode):
+            raise ModelFileError(f"external data {location!r} is not a regular file", where=where)
+        try:
+            end = int(info.get("offset") or 0) + int(info.get("length") or 0)
+        except ValueError:
+            raise ModelFileError(
+                f"external data {location!r}: bad offset/length", where=where
+            ) from None
+        needed[location] = max(needed.get(location, 0), end)
+        found[location] = model_path.parent / location
+    for location, end in needed.items():
+        size = os.stat(found[location]).st_size
+        if size < end:
+            raise ModelFileError(
+                f"external data {location!r} holds {size} bytes, the model needs {end}; "
+                "is the file complete?",
+                where=str(model_path),
+            )
+    return [found[n] for n in sorted(found)]
+
+
+def check_regular_file(path: Path) -> None:
+    """Refuse what is not a regular file (a FIFO would block a reader forever)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise ModelFileError("file not found; check the path", where=str(path)) from None
+    except OSError as exc:
+        raise ModelFileError(f"cannot read: {exc.strerror}", where=str(path)) from None
+    if stat.S_ISDIR(mode):
+        raise ModelFileError("is a directory, expected an .onnx file", where=str(path))
+    if not stat.S_ISREG(mode):
+        raise ModelFileError("not a regular file (a pipe, device or socket)", where=str(path))
 
 
 def _all_tensors(graph: onnx.GraphProto):
@@ -54,12 +121,16 @@ def _all_tensors(graph: onnx.GraphProto):
 def load_model(path: Path | str, *, load_external_data: bool = True) -> onnx.ModelProto:
     """Load an ONNX model or raise a one-line `ModelFileError` naming the file."""
     path = Path(path)
-    if not path.exists():
-        raise ModelFileError("file not found; check the path", where=str(path))
-    if path.is_dir():
-        raise ModelFileError("is a directory, expected an .onnx file", where=str(path))
+    check_regular_file(path)
     try:
-        model = onnx.load(str(path), load_external_data=load_external_data)
+        model = onnx.load(str(path), load_external_data=False)
+        check_external_data(model, path)
+        if load_external_data:
+            from onnx.external_data_helper import load_external_data_for_model
+
+            load_external_data_for_model(model, str(path.parent))
+    except ModelFileError:
+        raise
     except Exception as exc:  # protobuf DecodeError, missing sidecar, ...
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelFileError(
