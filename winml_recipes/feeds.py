@@ -47,55 +47,123 @@ def _spec_text(spec: TensorSpec, dims: Mapping[str, int]) -> str:
     return f"{spec.dtype}{list(resolve_shape(spec, dims))}"
 
 
+MAX_SAMPLES_PER_FILE = 4096
+
+
 def npz_files(pattern: str, base: Path) -> list[Path]:
     full = pattern if Path(pattern).is_absolute() else str(base / pattern)
     files = sorted(Path(p) for p in glob.glob(full))
     if not files:
         raise PlanError(f"calibration.npz: no file matches '{pattern}' (relative to {base})")
+    for path in files:
+        _regular(path, "calibration.npz")
     return files
+
+
+def _regular(path: Path, what: str) -> None:
+    """Refuse pipes, devices and folders: reading a FIFO blocks forever."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise PlanError(f"{what}: cannot read {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise PlanError(f"{what}: {path} is not a regular file")
+
+
+def npz_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Shape and dtype of every array in an .npz, read from the .npy headers only.
+
+    Nothing is decompressed beyond the headers, so a small file declaring a huge array (or a
+    pickled object array) is refused before any allocation.
+    """
+    import zipfile
+
+    out: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                with archive.open(info) as member:
+                    version = np.lib.format.read_magic(member)
+                    read = (
+                        np.lib.format.read_array_header_1_0
+                        if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0
+                    )
+                    shape, _, dtype = read(member)
+                if dtype.hasobject:
+                    raise PlanError(
+                        f"calibration.npz: {path.name}: '{info.filename[:-4]}' is an object "
+                        "array (pickled data is never loaded); save plain numeric arrays"
+                    )
+                declared = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+                if declared > info.file_size:
+                    raise PlanError(
+                        f"calibration.npz: {path.name}: '{info.filename[:-4]}' declares "
+                        f"{declared} bytes but holds {info.file_size}; the file is damaged"
+                    )
+                out[info.filename[:-4]] = (tuple(shape), dtype)
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
+        raise PlanError(f"calibration.npz: cannot read {path}: {exc}") from None
+    return out
 
 
 def check_npz(files: list[Path], contract: IOContract) -> int:
     """Validate every file against the contract; returns the number of samples available."""
     total = 0
     for path in files:
-        try:
-            data = np.load(path, allow_pickle=False)
-        except Exception as exc:
-            raise PlanError(f"calibration.npz: cannot read {path}: {exc}") from None
-        with data:
-            n = None
-            for spec in contract.inputs:
-                if spec.name not in data.files:
-                    raise PlanError(
-                        f"calibration.npz: {path.name} has no input '{spec.name}' "
-                        f"(expected {_spec_text(spec, contract.dims)}; it has: "
-                        f"{', '.join(data.files) or 'nothing'})"
-                    )
-                arr = data[spec.name]
-                want = resolve_shape(spec, contract.dims)
-                if arr.dtype != np.dtype(spec.dtype):
-                    raise PlanError(
-                        f"calibration.npz: {path.name}: input '{spec.name}' is {arr.dtype}, "
-                        f"expected {_spec_text(spec, contract.dims)}"
-                    )
-                if _matches(arr.shape, want, spec):
-                    count = 1
-                elif len(arr.shape) == len(want) + 1 and _matches(arr.shape[1:], want, spec):
-                    count = arr.shape[0]
-                else:
-                    raise PlanError(
-                        f"calibration.npz: {path.name}: input '{spec.name}' has shape "
-                        f"{list(arr.shape)}, expected {_spec_text(spec, contract.dims)} "
-                        "(optionally with a leading sample axis)"
-                    )
-                if n is not None and count != n:
-                    raise PlanError(
-                        f"calibration.npz: {path.name}: inputs have different sample counts"
-                    )
-                n = count
-            total += n or 0
+        headers = npz_headers(path)
+        n = None
+        for spec in contract.inputs:
+            if spec.name not in headers:
+                raise PlanError(
+                    f"calibration.npz: {path.name} has no input '{spec.name}' "
+                    f"(expected {_spec_text(spec, contract.dims)}; it has: "
+                    f"{', '.join(headers) or 'nothing'})"
+                )
+            shape, dtype = headers[spec.name]
+            want = resolve_shape(spec, contract.dims)
+            if dtype != np.dtype(spec.dtype):
+                raise PlanError(
+                    f"calibration.npz: {path.name}: input '{spec.name}' is {dtype}, "
+                    f"expected {_spec_text(spec, contract.dims)}"
+                )
+            if _matches(shape, want, spec) and not _too_big(shape, want):
+                count = 1
+            elif (
+                len(shape) == len(want) + 1
+                and _matches(shape[1:], want, spec)
+                and shape[0] <= MAX_SAMPLES_PER_FILE
+                and not _too_big(shape[1:], want)
+            ):
+                count = shape[0]
+            else:
+                raise PlanError(
+                    f"calibration.npz: {path.name}: input '{spec.name}' has shape "
+                    f"{list(shape)}, expected {_spec_text(spec, contract.dims)} "
+                    f"(optionally with a leading sample axis of at most "
+                    f"{MAX_SAMPLES_PER_FILE})"
+                )
+            if n is not None and count != n:
+                raise PlanError(
+                    f"calibration.npz: {path.name}: inputs have different sample counts"
+                )
+            n = count
+        total += n or 0
     return total
+
+
+MAX_DYNAMIC_DIM_FACTOR = 64
+
+
+def _too_big(got: tuple[int, ...], want: tuple[int, ...]) -> bool:
+    """A dynamic dim may differ from the catalog's default, within reason (memory)."""
+    return int(np.prod(got, dtype=np.int64)) > MAX_DYNAMIC_DIM_FACTOR * max(
+        1, int(np.prod(want, dtype=np.int64))
+    )
 
 
 def _matches(got: tuple[int, ...], want: tuple[int, ...], spec: TensorSpec) -> bool:
@@ -113,14 +181,16 @@ def from_npz(files: list[Path], contract: IOContract, samples: int) -> FeedFacto
         produced = 0
         for path in files:
             with np.load(path, allow_pickle=False) as data:
-                first = data[names[0]]
-                stacked = first.ndim == static[names[0]] + 1
-                count = first.shape[0] if stacked else 1
-                for i in range(count):
-                    if produced >= samples:
-                        return
-                    yield {n: (data[n][i] if stacked else data[n]) for n in names}
-                    produced += 1
+                arrays = {n: data[n] for n in names}  # each array read once per file
+            first = arrays[names[0]]
+            stacked = first.ndim == static[names[0]] + 1
+            count = first.shape[0] if stacked else 1
+            for i in range(count):
+                if produced >= samples:
+                    return
+                yield {n: (arrays[n][i] if stacked else arrays[n]) for n in names}
+                produced += 1
+            del arrays
 
     return gen
 
@@ -132,6 +202,8 @@ def image_files(folder: str, base: Path) -> list[Path]:
     files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
         raise PlanError(f"calibration.images: no image files in {path}")
+    for file in files:
+        _regular(file, "calibration.images")
     return files
 
 

@@ -737,7 +737,7 @@ def _npz_recipe(p: Project, **arrays) -> Path:
         (
             {"x": np.zeros((2, 5), np.float32)},
             "calibration.npz: cal.npz: input 'x' has shape [2, 5], expected float32[2, 4] "
-            "(optionally with a leading sample axis)",
+            "(optionally with a leading sample axis of at most 4096)",
         ),
         (
             {"x": np.zeros((2, 4), np.int32)},

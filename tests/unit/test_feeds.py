@@ -138,7 +138,7 @@ def test_npz_errors_name_the_input_and_the_expected_spec(tmp_path: Path) -> None
         check_npz([shape], CONTRACT)
     assert str(exc.value) == (
         "calibration.npz: shape.npz: input 'x' has shape [2, 5], expected float32[2, 4] "
-        "(optionally with a leading sample axis)"
+        "(optionally with a leading sample axis of at most 4096)"
     )
     dtype = _npz(tmp_path / "dtype.npz", x=good["x"].astype(np.float64), mask=good["mask"])
     with pytest.raises(PlanError) as exc:
@@ -335,3 +335,56 @@ def test_from_upstream_errors(tmp_path: Path) -> None:
     chained = _upstream(tmp_path, calibration={"inputs_from": "other"})
     with pytest.raises(PlanError, match="chains of inputs_from are not supported"):
         feeds_for({"inputs_from": "encoder"}, DOWN, tmp_path, {"encoder": chained}, 1, 0)
+
+
+# --------------------------------------------------------------------------- hostile npz
+
+
+def _npz_with_member(path: Path, name: str, header: dict, payload: bytes) -> Path:
+    """An .npz whose member's .npy header says `header` and whose data is `payload`."""
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, header)
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(f"{name}.npy", buf.getvalue() + payload)
+    return path
+
+
+def test_npz_declaring_a_huge_array_is_refused_from_its_header(tmp_path: Path) -> None:
+    header = {"descr": "<f4", "fortran_order": False, "shape": (10**6, 10**6)}
+    path = _npz_with_member(tmp_path / "bomb.npz", "x", header, b"\0" * 64)
+    with pytest.raises(PlanError, match=r"'x' declares 4000000000000 bytes but holds"):
+        check_npz([path], CONTRACT)
+
+
+def test_npz_object_array_is_refused_unloaded(tmp_path: Path) -> None:
+    header = {"descr": "|O", "fortran_order": False, "shape": (2, 4)}
+    path = _npz_with_member(tmp_path / "obj.npz", "x", header, b"\x80\x04N.")
+    with pytest.raises(PlanError, match=r"'x' is an object array \(pickled data is never"):
+        check_npz([path], CONTRACT)
+
+
+def test_npz_sample_axis_and_dynamic_dims_are_bounded(tmp_path: Path) -> None:
+    many = {"x": np.zeros((5000, 2, 4), np.float32), "mask": np.zeros((5000, 2, 3), np.int64)}
+    _npz(tmp_path / "many.npz", **many)
+    with pytest.raises(PlanError, match="leading sample axis of at most 4096"):
+        check_npz([tmp_path / "many.npz"], CONTRACT)
+    wide = {"x": np.zeros((2000, 4), np.float32), "mask": np.zeros((2000, 3), np.int64)}
+    _npz(tmp_path / "wide.npz", **wide)  # batch 2000 where the catalog says 2: 1000x
+    with pytest.raises(PlanError, match="has shape \\[2000, 4\\]"):
+        check_npz([tmp_path / "wide.npz"], CONTRACT)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="needs POSIX FIFOs")
+def test_pipes_are_refused_as_npz_and_images(tmp_path: Path) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "a.npz")
+    with pytest.raises(PlanError, match=r"a\.npz is not a regular file"):
+        npz_files("*.npz", tmp_path)
+    (tmp_path / "imgs").mkdir()
+    os.mkfifo(tmp_path / "imgs" / "cat.png")
+    with pytest.raises(PlanError, match=r"cat\.png is not a regular file"):
+        image_files("imgs", tmp_path)
