@@ -127,7 +127,9 @@ def write_adhoc_project(
         "schema_version": 1,
         "name": name,
         "model": name,
-        "description": f"Ad-hoc build of {model_path} from the presets",
+        # The recipe is a template: the model's path (any characters, `{{` included) stays
+        # in the catalog entry, which is plain YAML; only the sanitized name appears here.
+        "description": f"Ad-hoc build of {name} from the presets",
         "targets": [{"device": device, "precision": precision}],
     }
     path = root / "recipes" / f"{name}.yaml"

@@ -28,6 +28,13 @@ RESERVED_VARIABLES = ("device", "precision", "catalog")
 # exhausting memory.
 MAX_SEQUENCE_LENGTH = 1_000_000
 MAX_POWER_BITS = 4096
+# A recipe renders in well under a second; these bound what a hostile one can cost.
+MAX_RENDER_SECONDS = 10.0
+MAX_RENDER_CHARS = 10_000_000
+# String methods and filters whose integer arguments size their result.
+_SIZING_METHODS = frozenset({"ljust", "rjust", "center", "zfill", "expandtabs"})
+_SIZING_FILTERS = ("center", "indent", "wordwrap", "truncate", "batch", "slice")
+_FORMAT_WIDTH = re.compile(r"\d{7,}|\*")
 _MODEL_LINE = re.compile(r"^model:\s*['\"]?([A-Za-z0-9][A-Za-z0-9._-]*)['\"]?\s*(#.*)?$", re.M)
 
 
@@ -69,17 +76,94 @@ def parse_defines(defines: list[str] | tuple[str, ...]) -> dict[str, Any]:
             raise RecipeError(f"-D '{item}': '{key}' is set by the tool; {hint}")
         if key in out:
             raise RecipeError(f"-D '{item}': '{key}' is given twice")
-        try:
-            out[key] = yaml.safe_load(value) if value else ""
-        except yaml.YAMLError:
-            out[key] = value
+        if any(c in value for c in "\r\n\x00") or not value.isprintable():
+            raise RecipeError(
+                f"-D '{key}=...': values are one line of printable text (they are inserted "
+                "into the recipe, where a newline could add keys)"
+            )
+        out[key] = _define_value(key, value) if value else ""
     return out
 
 
-class _RecipeSandbox(ImmutableSandboxedEnvironment):
-    """No attribute escapes, no mutation of passed-in data, bounded `*` and `**`."""
+MAX_DEFINE_NODES = 1000
 
-    intercepted_binops = frozenset({"*", "**"})
+
+def _define_value(key: str, value: str) -> Any:
+    """A YAML value (1 -> int, [1, 2] -> list); no aliases (a 100-byte alias bomb renders to
+    gigabytes of text) and at most MAX_DEFINE_NODES nodes. Unparsable text stays a string."""
+    try:
+        root = yaml.compose(value, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return value
+    except RecursionError:
+        raise RecipeError(f"-D '{key}=...': nested too deeply") from None
+    seen: set[int] = set()
+    pending = [root] if root is not None else []
+    while pending:
+        node = pending.pop()
+        if id(node) in seen or len(seen) >= MAX_DEFINE_NODES:
+            raise RecipeError(
+                f"-D '{key}=...': YAML aliases and values of more than {MAX_DEFINE_NODES} "
+                "items are not allowed"
+            )
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            pending.extend(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            pending.extend(n for pair in node.value for n in pair)
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+
+
+class _RecipeSandbox(ImmutableSandboxedEnvironment):
+    """No attribute escapes, no mutation of passed-in data, bounded `*`, `**`, `%`, string
+    widths and filter sizes, and a render deadline checked at every call and attribute."""
+
+    intercepted_binops = frozenset({"*", "**", "%"})
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        import time
+
+        self.deadline = time.monotonic() + MAX_RENDER_SECONDS
+        self.globals.pop("lipsum", None)  # text generation has no place in a recipe
+        for name in _SIZING_FILTERS:
+            if name in self.filters:
+                self.filters[name] = _bounded(self.filters[name], f"the '{name}' filter")
+        self.filters["format"] = _bounded_format(self.filters["format"])
+
+    def _check_deadline(self) -> None:
+        import time
+
+        if time.monotonic() > self.deadline:
+            raise jinja2.exceptions.SecurityError(
+                f"rendering takes more than {MAX_RENDER_SECONDS:g} s; simplify the loops"
+            )
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        self._check_deadline()
+        return super().getattr(obj, attribute)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        self._check_deadline()
+        return super().getitem(obj, argument)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        __self._check_deadline()
+        owner = getattr(__obj, "__self__", None)
+        name = getattr(__obj, "__name__", "")
+        if isinstance(owner, str) and name in _SIZING_METHODS:
+            _check_sizes(args, kwargs, f"str.{name}")
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def wrap_str_format(self, value: Any) -> Any:
+        """jinja2 wraps `str.format` at attribute access: check the format string there."""
+        owner = getattr(value, "__self__", None)
+        if isinstance(owner, str) and getattr(value, "__name__", "") in ("format", "format_map"):
+            _check_format(owner)
+        return super().wrap_str_format(value)
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if (
@@ -101,7 +185,51 @@ class _RecipeSandbox(ImmutableSandboxedEnvironment):
                     raise jinja2.exceptions.SecurityError(
                         f"repeating a sequence {n} times is too large for a recipe"
                     )
+        if operator == "%" and isinstance(left, str):
+            _check_format(left)
+        self._check_deadline()
         return super().call_binop(context, operator, left, right)
+
+
+def _check_sizes(args: tuple[Any, ...], kwargs: dict[str, Any], what: str) -> None:
+    for value in [*args, *kwargs.values()]:
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_SEQUENCE_LENGTH:
+            raise jinja2.exceptions.SecurityError(f"{what}({value}) is too large for a recipe")
+
+
+def _check_format(fmt: str) -> None:
+    """Refuse format strings with huge or computed (`*`) widths."""
+    if _FORMAT_WIDTH.search(fmt):
+        raise jinja2.exceptions.SecurityError(
+            "format widths of a million or more, or '*' widths, are too large for a recipe"
+        )
+
+
+def _bounded(fn: Any, what: str) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _check_sizes(args[1:], kwargs, what)
+        return fn(*args, **kwargs)
+
+    return _keep_pass_arg(fn, wrapper)
+
+
+def _bounded_format(fn: Any) -> Any:
+    def wrapper(value: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(value, str):
+            _check_format(value)
+        return fn(value, *args, **kwargs)
+
+    return _keep_pass_arg(fn, wrapper)
+
+
+def _keep_pass_arg(fn: Any, wrapper: Any) -> Any:
+    """jinja2 marks some filters pass_environment/pass_context: the wrapper must say so too."""
+    import functools
+
+    wrapper = functools.wraps(fn)(wrapper)
+    if hasattr(fn, "jinja_pass_arg"):
+        wrapper.jinja_pass_arg = fn.jinja_pass_arg
+    return wrapper
 
 
 def _read_text(path: Path, error: type[WinmlError] = RecipeError) -> str:
@@ -158,7 +286,10 @@ class _PartialsLoader(jinja2.FileSystemLoader):
                 raise _UnsafeInclude(template, "is a link that leaves the partials directory")
             if not real.is_file():
                 raise _UnsafeInclude(template, "is not a regular file")
-        return super().get_source(environment, template)
+        try:
+            return super().get_source(environment, template)
+        except UnicodeDecodeError as exc:
+            raise _UnsafeInclude(template, f"is not UTF-8 text (byte {exc.start})") from None
 
 
 def _environment(path: Path) -> ImmutableSandboxedEnvironment:
@@ -178,6 +309,21 @@ def _include_problem(name: str) -> str | None:
     return None
 
 
+def _render_bounded(template: jinja2.Template, env: _RecipeSandbox, variables: dict) -> str:
+    """Render chunk by chunk, within the deadline and the output size."""
+    chunks: list[str] = []
+    size = 0
+    for chunk in template.generate(**variables):
+        size += len(chunk)
+        if size > MAX_RENDER_CHARS:
+            raise jinja2.exceptions.SecurityError(
+                f"the rendered recipe exceeds {MAX_RENDER_CHARS} characters"
+            )
+        env._check_deadline()
+        chunks.append(chunk)
+    return "".join(chunks)
+
+
 def render(path: Path, variables: dict[str, Any]) -> str:
     """Render a recipe template in a sandbox; undefined names are errors."""
     env = _environment(path)
@@ -186,7 +332,7 @@ def render(path: Path, variables: dict[str, Any]) -> str:
     try:
         template = env.from_string(source)
         template.filename = str(path)
-        return template.render(**variables)
+        return _render_bounded(template, env, variables)
     except jinja2.TemplateSyntaxError as exc:
         where = f"{exc.filename or path}:{exc.lineno}"
         raise RecipeError(f"template syntax error: {exc.message}", where=where) from None

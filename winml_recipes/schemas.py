@@ -46,12 +46,18 @@ def _target_schema() -> dict[str, Any]:
     }
 
 
+# Sane maxima: a zero dim makes empty tensors that "verify" perfectly; a huge one makes a
+# 100-byte catalog allocate gigabytes. A real need above them is a code change, on purpose.
+MAX_DIM = 1 << 20
+MAX_IMAGE_SIDE = 16384
+
+
 def _dims_schema() -> dict[str, Any]:
     return {
         "type": "object",
         "description": "Values for named dims (e.g. batch: 1).",
         "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
-        "additionalProperties": {"type": "integer", "minimum": 1},
+        "additionalProperties": {"type": "integer", "minimum": 1, "maximum": MAX_DIM},
     }
 
 
@@ -129,7 +135,7 @@ def _tensor_schema(output: bool) -> dict[str, Any]:
             "type": "array",
             "items": {
                 "anyOf": [
-                    {"type": "integer", "minimum": 0},
+                    {"type": "integer", "minimum": 1, "maximum": MAX_DIM},
                     {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
                 ]
             },
@@ -153,10 +159,10 @@ def _tensor_schema(output: bool) -> dict[str, Any]:
                 "size": {
                     "description": "Resize to this (one int: square; or [height, width]).",
                     "anyOf": [
-                        {"type": "integer", "minimum": 1},
+                        {"type": "integer", "minimum": 1, "maximum": MAX_IMAGE_SIDE},
                         {
                             "type": "array",
-                            "items": {"type": "integer", "minimum": 1},
+                            "items": {"type": "integer", "minimum": 1, "maximum": MAX_IMAGE_SIDE},
                             "minItems": 2,
                             "maxItems": 2,
                         },

@@ -43,6 +43,10 @@ def load_yaml(text: str, filename: str, error: type[WinmlError]) -> LoadedYaml:
             data = loader.construct_document(node) if node is not None else None
         finally:
             loader.dispose()
+    except RecursionError:
+        raise error(
+            "invalid YAML: nested too deeply (hundreds of levels)", where=f"{filename}:1"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         line = mark.line + 1 if mark else 1
@@ -51,7 +55,10 @@ def load_yaml(text: str, filename: str, error: type[WinmlError]) -> LoadedYaml:
     lines: dict[JsonPath, int] = {}
     key_lines: dict[JsonPath, int] = {}
     if node is not None:
-        problem = _walk(node, (), lines, key_lines, [0])
+        try:
+            problem = _walk(node, (), lines, key_lines, [0])
+        except RecursionError:
+            problem = (1, "nested too deeply (hundreds of levels)")
         if problem is not None:
             line, message = problem
             raise error(message, where=f"{filename}:{line}")

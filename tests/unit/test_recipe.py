@@ -320,7 +320,6 @@ def test_jinja_syntax_error_line(project: Path) -> None:
             "cycler.__init__.__globals__",
             "access to attribute '__init__' of 'type' object is unsafe.",
         ),
-        ("lipsum.__globals__", "access to attribute '__globals__' of 'function' object is unsafe."),
         (
             "self.__init__",
             "access to attribute '__init__' of 'TemplateReference' object is unsafe.",
@@ -699,3 +698,73 @@ def test_errors_point_at_the_template_or_partial_line_not_the_rendered_one(tmp_p
         f"error: {partials / 'v.yaml'}:2: $.steps[1].verify: unknown key 'sedd' "
         "(did you mean 'seed'?)"
     )
+
+
+# --- hostile templates and defines ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("{{ 'a'.ljust(10**9) }}", "str.ljust(1000000000) is too large for a recipe"),
+        ("{{ 'a'.center(50000000) }}", "str.center(50000000) is too large for a recipe"),
+        ("{{ 'a'|center(50000000) }}", "the 'center' filter(50000000) is too large"),
+        ("{{ '%999999999s' % 'a' }}", "format widths of a million or more"),
+        ("{{ '{:>999999999}'.format('a') }}", "format widths of a million or more"),
+        ("{{ '%*s'|format(10**9, 'a') }}", "'*' widths, are too large"),
+        ("{{ lipsum(n=200000) }}", "'lipsum' is undefined"),
+    ],
+)
+def test_template_work_is_bounded(project: Path, expression: str, message: str) -> None:
+    path = write(project, HEAD + f'description: "{expression}"\n')
+    text = error(path)
+    assert text.startswith(f"{path}:7: ") and message in text, text
+
+
+def test_template_render_has_a_deadline(project: Path, monkeypatch) -> None:
+    import winml_recipes.recipe as recipe_module
+
+    monkeypatch.setattr(recipe_module, "MAX_RENDER_SECONDS", 0.5)
+    loops = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    path = write(project, HEAD + loops + "\n")
+    import time
+
+    started = time.monotonic()
+    text = error(path)
+    assert time.monotonic() - started < 10
+    assert "rendering takes more than 0.5 s; simplify the loops" in text
+
+
+def test_template_output_is_bounded(project: Path, monkeypatch) -> None:
+    import winml_recipes.recipe as recipe_module
+
+    monkeypatch.setattr(recipe_module, "MAX_RENDER_CHARS", 10_000)
+    path = write(project, HEAD + "{% for i in range(100000) %}# {{ i }}\n{% endfor %}")
+    assert "the rendered recipe exceeds 10000 characters" in error(path)
+
+
+def test_define_with_a_newline_cannot_inject_keys() -> None:
+    with pytest.raises(RecipeError, match="values are one line of printable text"):
+        parse_defines(["note=x\nsteps: [export]"])
+
+
+@pytest.mark.parametrize("value", ["&a [1, 2]", "&a [&b [1, 2], *b, *b, *b]"])
+def test_define_aliases_and_bombs_are_refused(value: str) -> None:
+    if "*" not in value:
+        assert parse_defines([f"x={value}"]) == {"x": [1, 2]}  # an anchor alone is harmless
+        return
+    with pytest.raises(RecipeError, match="YAML aliases and values of more than 1000 items"):
+        parse_defines([f"x={value}"])
+
+
+def test_define_and_recipe_nesting_are_bounded(project: Path) -> None:
+    with pytest.raises(RecipeError, match="nested too deeply"):
+        parse_defines(["x=" + "[" * 3000 + "]" * 3000])
+    path = write(project, HEAD + "description: " + "[" * 3000 + "]" * 3000 + "\n")
+    assert "invalid YAML: nested too deeply" in error(path)
+
+
+def test_partial_that_is_not_utf8(project: Path) -> None:
+    (project / "recipes" / "_partials" / "bad.yaml").write_bytes(b"\xff\xfe\x00bad")
+    path = write(project, HEAD + "description: {% include 'bad.yaml' %}\n")
+    assert "include 'bad.yaml' is not UTF-8 text (byte 0)" in error(path)

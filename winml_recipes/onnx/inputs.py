@@ -13,6 +13,8 @@ from winml_recipes.specs import TensorSpec, resolve_shape
 DEFAULT_FLOAT_RANGE = (-1.0, 1.0)
 DEFAULT_INT_RANGE = (0, 10)  # low inclusive, high exclusive
 DEFAULT_DIM = 1
+# One synthetic input of at most 1 GiB of float32 (full-size SAM 3's largest is 3 M).
+MAX_INPUT_ELEMENTS = 1 << 28
 _ALIASES = {"float": "float32", "double": "float64", "half": "float16"}
 
 
@@ -24,6 +26,16 @@ def make_inputs(
     Floats are uniform in spec.range (default [-1, 1)); integers uniform in
     [low, high) of spec.range (default [0, 10)); bools uniform; `values` picks among them.
     """
+    for s in specs:
+        shape = resolve_shape(s, dims)
+        elements = int(np.prod(shape, dtype=np.int64))
+        if elements > MAX_INPUT_ELEMENTS or 0 in shape:
+            from winml_recipes.errors import PlanError
+
+            raise PlanError(
+                f"input '{s.name}': shape {list(shape)} has {elements} elements "
+                f"(allowed: 1 to {MAX_INPUT_ELEMENTS}); check the dims"
+            )
     rng = np.random.default_rng(seed)
     return [{s.name: _draw(s, resolve_shape(s, dims), rng) for s in specs} for _ in range(count)]
 
