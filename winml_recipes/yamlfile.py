@@ -167,5 +167,8 @@ def _error_order(err: jsonschema.ValidationError) -> tuple:
 def _deepest(err: jsonschema.ValidationError) -> jsonschema.ValidationError:
     """For combinators (anyOf/oneOf), report the most specific sub-error."""
     if err.context:
-        return _deepest(jsonschema.exceptions.best_match(err.context))
+        # A value of the right type that breaks a bound says more than "not a string" from
+        # the branch it was never meant for (0 in [int >= 1 | name]).
+        right_type = [e for e in err.context if e.validator != "type"]
+        return _deepest(jsonschema.exceptions.best_match(right_type or err.context))
     return err

@@ -187,3 +187,110 @@ def test_catalog_entry_linking_out_of_the_catalog(tmp_path, sentinel):
         f"error: {catalog / 'mlp.yaml'}: is a link that leaves the catalog directory; "
         "catalog entries are files in it"
     )
+
+
+# --------------------------------------------------------------------------- invalid graphs
+
+
+def _graph_model(path: Path, nodes, inits=(), outputs=("y",)) -> Path:
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, [1, 4]) for o in outputs],
+        list(inits),
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def _raw(name: str, dims: list[int], size: int) -> onnx.TensorProto:
+    """A float initializer declaring `dims` and holding `size` bytes (helper refuses it)."""
+    tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=dims)
+    tensor.raw_data = b"\0" * size
+    return tensor
+
+
+def _relu(i: str, o: str, name: str) -> onnx.NodeProto:
+    return helper.make_node("Relu", [i], [o], name=name)
+
+
+INVALID = {
+    "cycle": (
+        [helper.make_node("Add", ["x", "b"], ["a"], name="n1"), _relu("a", "b", "n2"),
+         _relu("b", "y", "n3")],
+        (),
+        "invalid graph: a cycle runs through node n1",
+    ),
+    "duplicate": (
+        [_relu("x", "y", "first"), _relu("x", "y", "second")],
+        (),
+        "invalid graph: 'y' is produced twice (first and second)",
+    ),
+    "undefined": (
+        [helper.make_node("Add", ["x", "ghost"], ["y"], name="add")],
+        (),
+        "invalid graph: node add reads 'ghost', which nothing produces",
+    ),
+    "short_raw_data": (
+        [helper.make_node("Add", ["x", "w"], ["y"], name="add")],
+        [_raw("w", [1, 4], 8)],
+        "invalid initializer 'w': dims [1, 4] need 16 bytes, it holds 8",
+    ),
+    "huge_declared": (
+        [helper.make_node("Add", ["x", "w"], ["y"], name="add")],
+        [_raw("w", [750_000_000, 1], 16)],
+        "invalid initializer 'w': dims [750000000, 1] need 3000000000 bytes, it holds 16",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(INVALID))
+def test_invalid_graphs_are_refused_before_anything_describes_them(tmp_path, case):
+    nodes, inits, message = INVALID[case]
+    model = _graph_model(tmp_path / "bad.onnx", nodes, inits)
+    for args in (
+        ("inspect", model, "--json"),
+        ("dequantize", model, "-o", tmp_path / "d.onnx"),
+        ("build", "--onnx", model, "--device", "cpu", "--precision", "fp32", "-o", tmp_path / "o"),
+    ):
+        assert one_error_line(run(*args)) == f"error: {model}: {message}"
+    assert not (tmp_path / "d.onnx").exists() and not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------- catalog limits
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (("shape: [batch, 4]", "shape: [0, 4]"), "0 is less than the minimum of 1"),
+        (("dims: {batch: 2}", "dims: {batch: 100000000}"), "100000000 is greater than the max"),
+        (
+            ("range: [-1.0, 1.0]}", "range: [-1.0, 1.0], image: {size: 30000}}"),
+            "30000 is greater than the maximum of 16384",
+        ),
+    ],
+)
+def test_catalog_sizes_are_bounded(tmp_path, edit, message):
+    from tests.conftest import make_mlp_project
+
+    recipe = make_mlp_project(tmp_path / "p")
+    catalog = tmp_path / "p" / "catalog" / "mlp.yaml"
+    text = catalog.read_text()
+    assert edit[0] in text
+    catalog.write_text(text.replace(edit[0], edit[1]))
+    line = one_error_line(run("validate", recipe))
+    assert line.startswith(f"error: {catalog}:") and message in line, line
+
+
+def test_define_cannot_inject_recipe_keys(tmp_path):
+    from tests.conftest import make_mlp_project
+
+    recipe = make_mlp_project(tmp_path / "p")
+    recipe.write_text(
+        recipe.read_text().replace("name: mlp\n", "name: mlp\ndescription: {{ note }}\n")
+    )
+    line = one_error_line(run("build", recipe, "-D", "note=x\nsteps: [export]", "-o", tmp_path))
+    assert "values are one line of printable text" in line

@@ -91,6 +91,101 @@ def check_external_data(proto: onnx.ModelProto, model_path: Path) -> list[Path]:
     return [found[n] for n in sorted(found)]
 
 
+def check_structure(proto: onnx.ModelProto, path: Path) -> None:
+    """The main graph is a DAG over defined names, and initializers hold what they declare.
+
+    onnxruntime refuses such models only when a session is made; `inspect`, `dequantize` and
+    the fingerprint would otherwise describe (and hash) them as if they were fine. Checked
+    here instead of onnx.checker, which also refuses valid contrib-op (com.microsoft) graphs.
+    """
+    graph = proto.graph
+    where = str(path)
+    produced: dict[str, str] = {}
+    for value in [*graph.input, *graph.initializer]:
+        produced.setdefault(value.name, "graph input")
+    node_names = [n.name or f"#{i} ({n.op_type})" for i, n in enumerate(graph.node)]
+    for name, node in zip(node_names, graph.node, strict=True):
+        for out in node.output:
+            if not out:
+                continue
+            if out in produced and produced[out] != "graph input":
+                raise ModelFileError(
+                    f"invalid graph: '{out}' is produced twice ({produced[out]} and {name})",
+                    where=where,
+                )
+            if out in produced:
+                raise ModelFileError(
+                    f"invalid graph: node {name} overwrites the graph input '{out}'", where=where
+                )
+            produced[out] = name
+    for name, node in zip(node_names, graph.node, strict=True):
+        for inp in node.input:
+            if inp and inp not in produced:
+                raise ModelFileError(
+                    f"invalid graph: node {name} reads '{inp}', which nothing produces",
+                    where=where,
+                )
+    for out in graph.output:
+        if out.name not in produced:
+            raise ModelFileError(
+                f"invalid graph: output '{out.name}' is produced by no node", where=where
+            )
+    _check_acyclic(graph, node_names, where)
+    for tensor in graph.initializer:
+        _check_tensor_size(tensor, where)
+
+
+def _check_acyclic(graph: onnx.GraphProto, names: list[str], where: str) -> None:
+    producer = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
+    waiting = [0] * len(graph.node)
+    readers: dict[int, list[int]] = {}
+    for i, node in enumerate(graph.node):
+        deps = {producer[x] for x in node.input if x in producer}
+        waiting[i] = len(deps)
+        for d in deps:
+            readers.setdefault(d, []).append(i)
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    done = 0
+    while ready:
+        i = ready.pop()
+        done += 1
+        for r in readers.get(i, []):
+            waiting[r] -= 1
+            if waiting[r] == 0:
+                ready.append(r)
+    if done != len(graph.node):
+        stuck = next(names[i] for i, w in enumerate(waiting) if w > 0)
+        raise ModelFileError(f"invalid graph: a cycle runs through node {stuck}", where=where)
+
+
+def _check_tensor_size(tensor: onnx.TensorProto, where: str) -> None:
+    import numpy as np
+
+    try:
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    except Exception:
+        return  # strings, 4-bit and other packed types: sizes are not simple
+    if tensor.data_type in (onnx.TensorProto.STRING,) or itemsize == 0:
+        return
+    elements = 1
+    for d in tensor.dims:
+        elements *= d
+    expected = elements * itemsize
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        info = {e.key: e.value for e in tensor.external_data}
+        got = int(info["length"]) if info.get("length", "").isdigit() else None
+    elif tensor.HasField("raw_data"):
+        got = len(tensor.raw_data)
+    else:
+        return  # typed fields: protobuf holds what it holds, onnx reads them by count
+    if got is not None and got != expected:
+        raise ModelFileError(
+            f"invalid initializer '{tensor.name}': dims {list(tensor.dims)} need {expected} "
+            f"bytes, it holds {got}",
+            where=where,
+        )
+
+
 def check_regular_file(path: Path) -> None:
     """Refuse what is not a regular file (a FIFO would block a reader forever)."""
     try:
@@ -124,6 +219,7 @@ def load_model(path: Path | str, *, load_external_data: bool = True) -> onnx.Mod
     check_regular_file(path)
     try:
         model = onnx.load(str(path), load_external_data=False)
+        check_structure(model, path)
         check_external_data(model, path)
         if load_external_data:
             from onnx.external_data_helper import load_external_data_for_model
