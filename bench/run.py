@@ -4,6 +4,8 @@
   torch and should take under 10% of the cold build.
 - calibration memory (bench/calibration_memory.py): peak RSS calibrating the sam3-tiny
   vision encoder with 8 and with 32 samples; the ratio must stay at or below 1.2.
+- activation memory (bench/activation_memory.py): peak RSS of minmax calibration against a
+  plain forward pass of a 40-activation chain; the ratio must stay at or below 1.5.
 - decoder quality (bench/quality.py): held-out SQNR of the sam3-tiny decoder under each
   quantization setting, against the naive baseline measured in the same run.
 - QNN HTP (bench/htp.py): verification of the sam3-tiny npu/w8a16 graphs on QNN HTP and
@@ -83,6 +85,10 @@ def main() -> int:
     import calibration_memory
 
     memory_ok = calibration_memory.main() == 0
+    print()
+    import activation_memory
+
+    memory_ok &= activation_memory.main() == 0
     print()
     import quality
 

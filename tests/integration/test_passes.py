@@ -9,7 +9,7 @@ import textwrap
 import onnx
 import pytest
 
-from tests.conftest import cli, make_mlp_project
+from tests.conftest import cli, make_mlp_onnx, make_mlp_project
 from winml_recipes import __version__, api
 from winml_recipes.onnx.stamp import is_normalized, read_stamp
 
@@ -237,3 +237,102 @@ def test_image_block_must_fit_the_input(tmp_path) -> None:
     result = cli("validate", recipe)
     assert result.exit_code == 2
     assert "image: size [32, 32] does not match the input's NCHW shape" in result.stderr
+
+
+def test_fix_shapes_matches_exporter_dim_names_by_position(tmp_path) -> None:
+    """The model calls its batch dim `s99` (torch dynamo) and the other `?`; the catalog
+    calls position 0 `batch`: positions decide, names need not agree."""
+    import onnx
+
+    recipe = make_mlp_project(tmp_path, steps="[fix_shapes, verify]")
+    model_path = tmp_path / "catalog" / "mlp.onnx"
+    model = onnx.load(str(model_path))
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "s99"
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "s99"
+    onnx.save(model, str(model_path))
+    result = api.build(recipe, output_root=tmp_path / "out")
+    assert _steps(result)["fix_shapes"]["metrics"] == {"fixed": {"s99": 2}}
+    built = onnx.load(str(result.models["model"]))
+    assert [d.dim_value for d in built.graph.input[0].type.tensor_type.shape.dim] == [2, 4]
+
+
+GEMM_CATALOG = """\
+schema_version: 1
+name: gemm
+task: feature-extraction
+license: mit
+components:
+  model:
+    source: {ref: ./gemm.onnx}
+    dims: {b: 1}
+    inputs:
+      x: {dtype: float32, shape: [1, 8, 16]}
+      z: {dtype: float32, shape: [b, 4, 16]}
+    outputs:
+      y1: {shape: [1, 8, 16]}
+      y2: {shape: [b, 4, 32]}
+"""
+
+
+def test_normalize_then_fix_shapes_loads_again(tmp_path) -> None:
+    """onnxruntime fuses the static MatMul+Add at normalize and the other one only once
+    fix_shapes made it static: its constants must not collide ("Attempt to replace the
+    existing tensor" before the renaming)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["m1"]),
+            helper.make_node("Add", ["m1", "b1"], ["y1"]),
+            helper.make_node("MatMul", ["z", "w2"], ["m2"]),
+            helper.make_node("Add", ["m2", "b2"], ["y2"]),
+        ],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, ["b", 4, 16]),
+        ],
+        [
+            helper.make_tensor_value_info("y1", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("y2", TensorProto.FLOAT, None),
+        ],
+        [
+            numpy_helper.from_array(rng.normal(size=(16, 16)).astype(np.float32), "w1"),
+            numpy_helper.from_array(rng.normal(size=(16, 32)).astype(np.float32), "w2"),
+            numpy_helper.from_array(rng.normal(size=16).astype(np.float32), "b1"),
+            numpy_helper.from_array(rng.normal(size=32).astype(np.float32), "b2"),
+        ],
+    )
+    (tmp_path / "catalog").mkdir()
+    (tmp_path / "recipes").mkdir()
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    onnx.save(model, str(tmp_path / "catalog" / "gemm.onnx"))
+    (tmp_path / "catalog" / "gemm.yaml").write_text(GEMM_CATALOG)
+    recipe = tmp_path / "recipes" / "gemm.yaml"
+    recipe.write_text(
+        "schema_version: 1\nname: gemm\nmodel: gemm\n"
+        "targets: [{device: cpu, precision: fp32}]\n"
+        "steps: [normalize, fix_shapes, {verify: {min_sqnr_db: 100}}]\n"
+    )
+    result = api.build(recipe, output_root=tmp_path / "out")
+    steps = _steps(result)
+    assert steps["normalize"]["metrics"]["initializers_renamed"] >= 2
+    assert steps["verify"]["metrics"]["outputs"]["y2"]["sqnr_db"] >= 100
+
+
+def test_quantizer_external_data_is_adopted(tmp_path, monkeypatch) -> None:
+    """onnxruntime's quantizer writes `model.onnx.data` for large models (over 1 GiB; forced
+    here with 8 KB weights): the step adopts it as `model.onnx_data` and the build ships it."""
+    import winml_recipes.quant.ort as ort_module
+
+    monkeypatch.setattr(ort_module, "LARGE_MODEL_BYTES", 0)
+    recipe = make_mlp_project(tmp_path, steps="[quantize, {verify: {min_sqnr_db: 10}}]")
+    make_mlp_onnx(tmp_path / "catalog" / "mlp.onnx", hidden=2048)  # weights over 1 KB
+    text = recipe.read_text().replace("precision: fp32}", "precision: uint8}", 1)
+    recipe.write_text(text)
+    result = api.build(recipe, device="cpu", precision="uint8", output_root=tmp_path / "out")
+    out = result.models["model"].parent
+    assert sorted(p.name for p in out.iterdir()) == ["graph.yaml", "model.onnx"]
+    assert _steps(result)["quantize"]["status"] == "ran"

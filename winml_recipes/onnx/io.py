@@ -274,6 +274,24 @@ def save_model(model: onnx.ModelProto, path: Path | str) -> Path:
     return path
 
 
+def adopt_sidecars(path: Path) -> Path:
+    """Make a model written by another tool follow our layout: `<file>_data` or inline.
+
+    onnxruntime's quantizer writes `model.onnx.data` for models over its threshold; our
+    outputs, cache entries and final copies use `model.onnx_data` (the onnx-community
+    convention). Rewritten through save_model, then the foreign sidecars are removed.
+    """
+    sidecars = sidecar_paths(path)
+    if all(p.name == f"{path.name}_data" for p in sidecars):
+        return path
+    save_model(load_model(path), path)
+    keep = {f"{path.name}_data"}
+    for old in sidecars:
+        if old.name not in keep and old.exists():
+            old.unlink()
+    return path
+
+
 def _fits(model: onnx.ModelProto) -> bool:
     try:
         model.ByteSize()

@@ -14,7 +14,7 @@ from winml_recipes.presets import Target
 @register
 class FixShapesPass(Pass):
     name = "fix_shapes"
-    version = 1
+    version = 2
     summary = "Make dynamic dims static (values from the catalog dims, overridable here)."
     target_dependent = False
     uses_contract = True
@@ -49,12 +49,13 @@ class FixShapesPass(Pass):
         assert src is not None
         model = load_model(src)
         values = {**ctx.contract.dims, **options.get("dims", {})}
+        fixed = _dims_by_position(model, ctx, values)
         params = sorted(
             {
                 d.dim_param
                 for vi in model.graph.input
                 for d in vi.type.tensor_type.shape.dim
-                if d.dim_param
+                if d.dim_param and d.dim_param not in fixed
             }
         )
         missing = [p for p in params if p not in values]
@@ -63,8 +64,9 @@ class FixShapesPass(Pass):
                 f"no value for dynamic dim(s) {', '.join(missing)}; add them to the catalog "
                 "component's dims or to fix_shapes.dims"
             )
-        for p in params:
-            make_dim_param_fixed(model.graph, p, int(values[p]))
+        fixed |= {p: int(values[p]) for p in params}
+        for p, value in fixed.items():
+            make_dim_param_fixed(model.graph, p, value)
         model.graph.ClearField("value_info")
         # Outputs are re-derived from the now static inputs.
         for out in model.graph.output:
@@ -72,4 +74,38 @@ class FixShapesPass(Pass):
         model = onnx.shape_inference.infer_shapes(model, data_prop=True)
         model.graph.ClearField("value_info")
         out = save_model(model, model_file(out_dir))
-        return StepResult(out, {"fixed": {p: int(values[p]) for p in params}})
+        return StepResult(out, {"fixed": dict(sorted(fixed.items()))})
+
+
+def _dims_by_position(model, ctx: StepContext, values: dict[str, int]) -> dict[str, int]:
+    """Dynamic dims of the model's inputs, valued by the catalog shape at the same position.
+
+    Exporters name dims their own way (`s99`, `p2o.DynamicDimension.0`, `batch_size`); the
+    catalog says what each position of each input is (an int, or a named dim with a value),
+    so names need not agree. Two positions giving one model dim different values is an error.
+    """
+    from winml_recipes.specs import resolve_shape
+
+    out: dict[str, int] = {}
+    for vi in model.graph.input:
+        spec = ctx.contract.input(vi.name)
+        dims = vi.type.tensor_type.shape.dim
+        if spec is None or len(spec.shape) != len(dims):
+            continue
+        try:
+            want = resolve_shape(spec, values)
+        except Exception:
+            continue  # a named dim without a value: left to the name rule below
+        for i, d in enumerate(dims):
+            if d.HasField("dim_value"):
+                continue
+            if not d.dim_param:
+                d.dim_value = int(want[i])  # an unnamed dynamic dim: fixed in place
+                continue
+            if out.get(d.dim_param, want[i]) != want[i]:
+                raise PassError(
+                    f"dim '{d.dim_param}' of input '{vi.name}' is {want[i]} at position {i} by "
+                    f"the catalog but {out[d.dim_param]} elsewhere; fix the catalog shapes"
+                )
+            out[d.dim_param] = int(want[i])
+    return out

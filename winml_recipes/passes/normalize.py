@@ -19,7 +19,7 @@ from winml_recipes.presets import Target
 @register
 class NormalizePass(Pass):
     name = "normalize"
-    version = 2
+    version = 3
     target_dependent = False
     summary = "Constant folding and cleanup that keeps standard ONNX ops (runs once per model)."
     options_schema = {
@@ -58,13 +58,50 @@ class NormalizePass(Pass):
         from winml_recipes.onnx.stamp import write_stamp
 
         assert src is not None
-        before = len(load_model(src, load_external_data=False).graph.node)
+        source = load_model(src, load_external_data=False)
+        before = len(source.graph.node)
         model = _ort_basic(src, ctx.work_dir) if options["backend"] == "ort" else _onnxscript(src)
+        renamed = _rename_new_initializers(model, {t.name for t in source.graph.initializer})
         model.graph.ClearField("value_info")
         write_stamp(model, tool=f"winml-recipes {__version__} normalize/{options['backend']}")
         out = save_model(model, model_file(out_dir))
         after = graph_digest(model)["node_count"]
-        return StepResult(out, {"nodes_before": before, "nodes_after": after})
+        return StepResult(
+            out, {"nodes_before": before, "nodes_after": after, "initializers_renamed": renamed}
+        )
+
+
+NEW_INITIALIZER_SUFFIX = "__normalized"
+
+
+def _rename_new_initializers(model, source_names: set[str]) -> int:
+    """Give the initializers the optimizer created names it will not create again.
+
+    onnxruntime's Gemm fusion names its shape constants `gemm_input_shape` /
+    `gemm_output_shape`. When a later session re-optimizes the model (after fix_shapes made
+    more MatMul+Add pairs static, say), it creates them again and fails: "Attempt to replace
+    the existing tensor". Renamed here, the names cannot collide.
+    """
+    graph = model.graph
+    taken = {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
+    renames: dict[str, str] = {}
+    for tensor in graph.initializer:
+        if tensor.name in source_names:
+            continue
+        new = f"{tensor.name}{NEW_INITIALIZER_SUFFIX}"
+        while new in taken:
+            new += "_"
+        taken.add(new)
+        renames[tensor.name] = new
+        tensor.name = new
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in renames:
+                node.input[i] = renames[name]
+    for vi in graph.input:
+        if vi.name in renames:
+            vi.name = renames[vi.name]
+    return len(renames)
 
 
 def _ort_basic(src: Path, scratch: Path):

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from winml_recipes.onnx.io import adopt_sidecars
 from winml_recipes.quant.config import QuantConfig
 
 QUANT_TYPES = {"uint8": "QUInt8", "int8": "QInt8", "uint16": "QUInt16", "int16": "QInt16"}
@@ -111,6 +112,7 @@ def quantize_static_qdq(
             use_external_data_format=_large(src),
             **args,
         )
+    adopt_sidecars(out)
     restore_float_inputs(out, exclude)
 
 
@@ -159,6 +161,7 @@ def quantize_dynamic_integer(src: Path, out: Path, cfg: QuantConfig, exclude: li
             use_external_data_format=_large(src),
             extra_options={"WeightSymmetric": cfg.weight_symmetric},
         )
+    adopt_sidecars(out)
 
 
 def quantizable_op_types() -> set[str]:

@@ -268,8 +268,15 @@ def optimize_offline(src: Path, out: Path, configure: Callable[[ort.SessionOptio
 
 
 def calibration_session(path: Path, configure: Callable[[ort.SessionOptions], None] | None):
-    """A CPU session for an augmented calibration graph."""
+    """A CPU session for an augmented calibration graph.
+
+    PRIORITY_BASED execution follows the graph's node order among ready nodes, so reductions
+    placed right after each producer run at once and the activation is freed. The default
+    order runs them after the whole forward pass: on a 40-activation chain of 16 MB tensors
+    the peak was 759 MB against 121 MB (a plain forward pass: 113 MB).
+    """
     so = session_options()
+    so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     if configure is not None:
         configure(so)
     return _create(path, so, providers=["CPUExecutionProvider"])
