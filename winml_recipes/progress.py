@@ -1,39 +1,110 @@
-"""Progress display: a rich live view on a TTY, silence otherwise."""
+"""Progress: a rich live view on a TTY; plain log lines for long steps otherwise.
+
+Passes report counts (calibration samples, verification samples) through
+`StepContext.progress`; both reporters show them with an ETA. Without a terminal nothing
+is printed for steps that finish within LOG_AFTER_SECONDS (short builds stay quiet, and
+their one-line errors stay one line); a longer step logs a line when it passes that mark
+and then every LOG_EVERY_SECONDS, and one when it ends.
+"""
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 from winml_recipes.engine.plan import PlannedStep
 from winml_recipes.engine.run import Reporter
 
+LOG_AFTER_SECONDS = 10.0
+LOG_EVERY_SECONDS = 30.0
 
-class _Quiet(Reporter):
-    def message(self, text: str) -> None:
-        print(text, file=sys.stderr)
 
-    def __enter__(self) -> _Quiet:
+def _eta(started: float, done: int, total: int | None) -> str:
+    if not total or done <= 0 or done >= total:
+        return ""
+    remaining = (time.monotonic() - started) / done * (total - done)
+    return f", about {remaining:.0f} s left"
+
+
+class _Lines(Reporter):
+    """Plain lines on stderr for steps that run long (no terminal: CI logs, pipes)."""
+
+    def __init__(self, stream=None) -> None:
+        self.stream = stream or sys.stderr
+        self.started = 0.0
+        self.last_line = 0.0
+        self.logged = False
+        self.counts: dict[str, Any] = {}
+
+    def __enter__(self) -> _Lines:
         return self
 
     def __exit__(self, *exc: object) -> None:
         return None
 
+    def _print(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+        self.last_line = time.monotonic()
+        self.logged = True
+
+    def step_started(self, component: str, step: PlannedStep) -> None:
+        self.started = self.last_line = time.monotonic()
+        self.logged = False
+        self.counts = {}
+
+    def step_progress(
+        self, component: str, step: PlannedStep, what: str, done: int, total: int | None
+    ) -> None:
+        key = self.counts.setdefault(what, time.monotonic())
+        now = time.monotonic()
+        due = (not self.logged and now - self.started >= LOG_AFTER_SECONDS) or (
+            self.logged and now - self.last_line >= LOG_EVERY_SECONDS
+        )
+        if due:
+            of = f"/{total}" if total else ""
+            self._print(
+                f"{component}: {step.name}: {what} {done}{of} ({now - self.started:.0f} s"
+                f"{_eta(key, done, total)})"
+            )
+
+    def step_finished(self, component: str, step: PlannedStep, record: dict[str, Any]) -> None:
+        if self.logged:
+            self._print(
+                f"{component}: {step.name} [{record['status']}] "
+                f"in {time.monotonic() - self.started:.0f} s"
+            )
+
+    def message(self, text: str) -> None:
+        print(text, file=self.stream)
+
 
 class _Rich(Reporter):
     def __init__(self) -> None:
         from rich.console import Console
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self.console = Console(stderr=True)
         self.progress = Progress(
             SpinnerColumn(),
             TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
             TimeElapsedColumn(),
+            TimeRemainingColumn(),
             console=self.console,
             transient=False,
         )
         self.task: Any = None
+        self.label = ""
 
     def __enter__(self) -> _Rich:
         self.progress.start()
@@ -45,7 +116,17 @@ class _Rich(Reporter):
     def step_started(self, component: str, step: PlannedStep) -> None:
         from rich.markup import escape
 
-        self.task = self.progress.add_task(escape(f"{component}: {step.name}"), total=1)
+        self.label = escape(f"{component}: {step.name}")
+        self.task = self.progress.add_task(self.label, total=None)
+
+    def step_progress(
+        self, component: str, step: PlannedStep, what: str, done: int, total: int | None
+    ) -> None:
+        from rich.markup import escape
+
+        self.progress.update(
+            self.task, completed=done, total=total, description=f"{self.label} {escape(what)}"
+        )
 
     def step_finished(self, component: str, step: PlannedStep, record: dict[str, Any]) -> None:
         from rich.markup import escape
@@ -53,11 +134,13 @@ class _Rich(Reporter):
         status = record["status"]
         extra = f" ({record['reason']})" if status == "skipped" else ""
         text = escape(f"{component}: {step.name} [{status}]{extra}")
-        self.progress.update(self.task, completed=1, description=text)
+        task = self.progress.tasks[-1] if self.progress.tasks else None
+        total = task.total if task is not None and task.total else 1
+        self.progress.update(self.task, completed=total, total=total, description=text)
 
     def message(self, text: str) -> None:
         self.console.print(text)
 
 
 def make_reporter(enabled: bool) -> Reporter:
-    return _Rich() if enabled else _Quiet()
+    return _Rich() if enabled else _Lines()

@@ -864,7 +864,7 @@ def sam3(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     out = tmp_path_factory.mktemp("sam3-quant")
     return {
         f"{d}/{p}": api.build(RECIPES / "sam3-tiny.yaml", device=d, precision=p, output_root=out)
-        for d, p in [("cpu", "uint8"), ("npu", "w8a16"), ("cpu", "int8")]
+        for d, p in [("cpu", "uint8"), ("npu", "w8a16"), ("npu", "uint8"), ("cpu", "int8")]
     }
 
 
@@ -914,11 +914,29 @@ def test_sam3_w8a16_quality_contract(sam3) -> None:
     decoder = verify_sqnr(result, DECODER)
     assert decoder["iou_scores"] >= 30 and decoder["pred_masks"] >= 20, decoder
     for comp in ("vision_encoder", DECODER):
+        # measured on QNN HTP, every node on the NPU
+        verify = steps_of(result, comp)["verify"]["metrics"]
+        assert verify["verified_on"] == "qnn-htp" and verify["cpu_fallback_allowed"] is False
         m = qmetrics(result, comp)
         assert m["matmul_conv_quantized_fraction"] >= 0.9, comp
         assert (m["activation_type"], m["weight_type"], m["qnn"]) == ("uint16", "uint8", True)
     assert qmetrics(result, DECODER)["calibration_source"] == "inputs_from: vision_encoder"
     assert qmetrics(result, DECODER)["calibration_samples"] == 64
+
+
+def test_sam3_npu_uint8_holds_on_htp(sam3) -> None:
+    """8-bit activations on the NPU: the HTP rewrites keep the coordinate path in range."""
+    result = sam3["npu/uint8"]
+    for comp in ("vision_encoder", DECODER):
+        verify = steps_of(result, comp)["verify"]["metrics"]
+        assert verify["verified_on"] == "qnn-htp"
+        assert set(verify["placement"]["nodes"]) == {"QNNExecutionProvider"}
+    assert verify_sqnr(result, DECODER)["pred_masks"] >= 15
+    rewrites = qmetrics(result, DECODER)["htp_rewrites"]
+    # the four in-place coordinate normalizations and the point-embedding updates
+    assert rewrites["channel_scatters"] == 8 and rewrites["merged"] == 2
+    model = load(result, DECODER)
+    assert ops(model).get("ScatterElements", 0) == 1  # `x[..., 2] = constant` stays
 
 
 def test_sam3_cpu_int8_builds_both_components(sam3) -> None:

@@ -32,6 +32,9 @@ class Reporter:
     """Progress callbacks; the default reports nothing."""
 
     def step_started(self, component: str, step: PlannedStep) -> None: ...
+    def step_progress(
+        self, component: str, step: PlannedStep, what: str, done: int, total: int | None
+    ) -> None: ...
     def step_finished(self, component: str, step: PlannedStep, record: dict[str, Any]) -> None: ...
     def message(self, text: str) -> None: ...
 
@@ -175,7 +178,7 @@ def _build_component(
     records = []
     for step in comp.steps:
         reporter.step_started(comp.name, step)
-        record = _run_step(comp, step, plan, staging, cache, state, built)
+        record = _run_step(comp, step, plan, staging, cache, state, built, reporter)
         records.append(record)
         reporter.step_finished(comp.name, step, record)
     if state.model is None:
@@ -229,6 +232,7 @@ def _run_step(
     cache: StepCache,
     state: _State,
     built: dict[str, UpstreamComponent | None],
+    reporter: Reporter | None = None,
 ) -> dict[str, Any]:
     from winml_recipes.onnx.io import artifact_sha256
 
@@ -263,6 +267,11 @@ def _run_step(
         recipe_dir=plan.recipe.path.parent,
         seed=plan.recipe.seed,
         upstream=upstream,
+        progress=(
+            (lambda what, done, total: reporter.step_progress(comp.name, step, what, done, total))
+            if reporter is not None
+            else (lambda *_: None)
+        ),
     )
     key = cache_key(
         input=state.digest,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -90,6 +90,8 @@ class StepContext:
     recipe_dir: Path = Path(".")
     seed: int = 0
     upstream: Mapping[str, UpstreamComponent] = field(default_factory=dict)
+    # progress(what, done, total): counts for the person watching (samples, rounds, ...).
+    progress: Callable[[str, int, int | None], None] = field(default=lambda *_: None)
 
 
 @dataclass

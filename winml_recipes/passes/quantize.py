@@ -23,7 +23,7 @@ HELD_OUT_SEED_OFFSET = 104_729
 @register
 class QuantizePass(Pass):
     name = "quantize"
-    version = 5
+    version = 6
     summary = "Static (calibrated QDQ, QNN rules, mixed precision) or dynamic quantization."
     precisions = precisions_of_kind("integer")
     uses_contract = True
@@ -131,12 +131,14 @@ def _static(
     feeds = feeds_for(cal_options, ctx.contract, ctx.recipe_dir, ctx.upstream, cal.samples, seed)
     model = load_model(src)
     dropped: list[str] = []
+    rewrites: dict[str, int] = {}
     if cfg.qnn:
         from winml_recipes.onnx.io import save_model
-        from winml_recipes.quant.qnn_rules import drop_zero_constant_adds
+        from winml_recipes.quant.qnn_rules import drop_zero_constant_adds, simplify_for_htp
 
+        rewrites = simplify_for_htp(model)
         dropped = drop_zero_constant_adds(model)
-        if dropped:
+        if dropped or any(rewrites.values()):
             src = save_model(model, ctx.work_dir / "float-simplified" / "model.onnx")
     tensors = tensors_to_calibrate(model, list(cfg.op_types) or None)
     settings = CalibrationSettings(
@@ -147,7 +149,7 @@ def _static(
         symmetric=cfg.activation_symmetric,
     )
     started = time.perf_counter()
-    counted = _Counted(feeds)
+    counted = _Counted(feeds, lambda seen: ctx.progress("calibration samples", seen, cal.samples))
     ranges = calibrate(src, counted, settings, tensors=tensors, work_dir=ctx.work_dir)
     calibration_seconds = time.perf_counter() - started
     shared: list[list[str]] = []
@@ -173,6 +175,7 @@ def _static(
         "float_nodes": exclude,
         "shared_encodings": shared,
         "zero_constant_nodes_bypassed": dropped,
+        "htp_rewrites": rewrites,
     }
     if cfg.auto is not None:
         from winml_recipes.quant.auto import promote
@@ -195,14 +198,17 @@ def _static(
 class _Counted:
     """Wraps a feed factory and records how many samples one pass consumed."""
 
-    def __init__(self, factory) -> None:
+    def __init__(self, factory, on_sample=None) -> None:
         self.factory = factory
         self.max_seen = 0
+        self.on_sample = on_sample
 
     def __call__(self):
         for seen, feed in enumerate(self.factory(), start=1):
             self.max_seen = max(self.max_seen, seen)
             yield feed
+            if self.on_sample is not None:
+                self.on_sample(seen)
 
 
 def _quantized_bins(activation_type: str) -> int:

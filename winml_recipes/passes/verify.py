@@ -129,7 +129,14 @@ class VerifyPass(Pass):
         )
         feeds = take(factory, options["samples"])
         reference = run_model(ctx.reference, feeds)
-        target = run_on_target(src, feeds, ctx.target.device, options)
+        samples = len(feeds)
+        target = run_on_target(
+            src,
+            feeds,
+            ctx.target.device,
+            options,
+            on_sample=lambda done: ctx.progress("samples on the target", done, samples),
+        )
         _check_output_shapes(target.outputs[0], ctx)
         metrics = compare_runs(reference, target.outputs)
         record: dict[str, Any] = {"samples": options["samples"], **target.record}

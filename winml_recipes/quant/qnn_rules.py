@@ -172,3 +172,245 @@ def _keeps_shape(shape: list[int | None] | None, const_shape: list[int]) -> bool
         if c != 1 and got != c:
             return False
     return True
+
+
+# --------------------------------------------------------------------------- exact rewrites
+#
+# Exporters write `x[..., k] = f(x[..., k])` as Gather -> f -> Unsqueeze -> ScatterElements
+# (torch's select_scatter). Quantized, one tensor then holds both the old and the new
+# channel values (SAM 3: pixels in [0, 112] and fractions in [0, 1]); 8 bits cannot carry
+# both (pred_masks 3 dB on HTP and in the CPU simulation alike), and HTP cannot finalize
+# the u8/u16 mixes that would widen just that tensor. Written as one elementwise op with a
+# per-channel constant (identity elsewhere), every tensor keeps a single meaning. The
+# rewrites below are exact in float; they run before calibration.
+
+_ELEMENTWISE = {"Add": 0.0, "Sub": 0.0, "Mul": 1.0, "Div": 1.0}
+
+
+def simplify_for_htp(model: onnx.ModelProto) -> dict[str, int]:
+    """Identity removal, Transpose pairs that cancel, channel scatters as elementwise ops,
+    and chains of elementwise ops by constants merged. Returns counts per rewrite."""
+    counts = {"identities": 0, "transpose_pairs": 0, "channel_scatters": 0, "merged": 0}
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+           for n in model.graph.node for a in n.attribute):  # fmt: skip
+        return counts  # subgraphs read outer names: left as they are
+    counts["identities"] += _drop_identities(model)
+    counts["transpose_pairs"] += _cancel_transposes(model)
+    counts["channel_scatters"] += _scatters_to_elementwise(model)
+    _drop_dead(model)  # the Gathers that fed the scatters: merging needs single readers
+    counts["identities"] += _drop_identities(model)
+    counts["merged"] += _merge_constant_chains(model)
+    _drop_dead(model)
+    return counts
+
+
+def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    out: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            out.setdefault(name, []).append(node)
+    return out
+
+
+def _rewire(graph: onnx.GraphProto, old: str, new: str) -> None:
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name == old:
+                node.input[i] = new
+
+
+def _drop_identities(model: onnx.ModelProto) -> int:
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    dropped = 0
+    for node in list(graph.node):
+        if node.op_type == "Identity" and node.output[0] not in outputs:
+            _rewire(graph, node.output[0], node.input[0])
+            graph.node.remove(node)
+            dropped += 1
+    return dropped
+
+
+def _cancel_transposes(model: onnx.ModelProto) -> int:
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    producer = {o: n for n in graph.node for o in n.output}
+    consumers = _consumers(graph)
+    cancelled = 0
+    for second in list(graph.node):
+        if second.op_type != "Transpose":
+            continue
+        first = producer.get(second.input[0])
+        if first is None or first.op_type != "Transpose" or first.output[0] in outputs:
+            continue
+        if len(consumers.get(first.output[0], [])) != 1:
+            continue
+        p = _perm(first)
+        q = _perm(second)
+        if p is None or q is None or len(p) != len(q):
+            continue
+        if [p[i] for i in q] != list(range(len(p))):
+            continue
+        if second.output[0] in outputs:
+            continue
+        _rewire(graph, second.output[0], first.input[0])
+        graph.node.remove(second)
+        graph.node.remove(first)
+        cancelled += 1
+        producer = {o: n for n in graph.node for o in n.output}
+        consumers = _consumers(graph)
+    return cancelled
+
+
+def _perm(node: onnx.NodeProto) -> list[int] | None:
+    return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+
+
+def _constant(model: onnx.ModelProto, name: str):
+    """The value of an initializer or Constant node output, or None."""
+    from onnx import numpy_helper
+
+    for t in model.graph.initializer:
+        if t.name == name:
+            return numpy_helper.to_array(t)
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.output[0] == name:
+            for a in node.attribute:
+                if a.name == "value":
+                    return numpy_helper.to_array(a.t)
+    return None
+
+
+def _scatters_to_elementwise(model: onnx.ModelProto) -> int:
+    import numpy as np
+    from onnx import numpy_helper
+
+    graph = model.graph
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    shapes = {
+        vi.name: [d.dim_value if d.HasField("dim_value") else None for d in dims]
+        for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
+        if vi.type.tensor_type.HasField("shape")
+        for dims in [vi.type.tensor_type.shape.dim]
+    }
+    producer = {o: n for n in graph.node for o in n.output}
+    rewritten = 0
+    for node in list(graph.node):
+        if node.op_type != "ScatterElements":
+            continue
+        if any(a.name == "reduction" and a.s not in (b"", b"none") for a in node.attribute):
+            continue
+        data, indices, updates = node.input
+        shape = shapes.get(data)
+        if not shape or any(d is None for d in shape):
+            continue
+        rank = len(shape)
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % rank
+        k = _scalar_index(model, producer, indices)
+        unsq = producer.get(updates)
+        if k is None or unsq is None or unsq.op_type != "Unsqueeze":
+            continue
+        f = producer.get(unsq.input[0])
+        if f is None:
+            continue
+        if f.op_type == "Gather" and _is_channel(model, f, data, k, axis, rank):
+            op, c = "Mul", np.float32(1.0)  # x[..., k] = x[..., k]: nothing changes
+        elif f.op_type in _ELEMENTWISE:
+            g = producer.get(f.input[0])
+            c = _constant(model, f.input[1])
+            if g is None or c is None or not _is_channel(model, g, data, k, axis, rank):
+                continue
+            op = f.op_type
+        else:
+            continue
+        trailing = rank - 1 - axis
+        c = np.asarray(c, dtype=np.float32)
+        if c.ndim > trailing:
+            continue
+        table_shape = [shape[axis]] + [1] * (trailing - c.ndim) + list(c.shape)
+        table = np.full(table_shape, _ELEMENTWISE.get(op, 1.0), dtype=np.float32)
+        table[k] = np.broadcast_to(c, table_shape[1:])
+        name = f"{node.output[0]}_channel_{op.lower()}"
+        graph.initializer.append(numpy_helper.from_array(table, name))
+        index = list(graph.node).index(node)
+        graph.node.remove(node)
+        graph.node.insert(
+            index, onnx.helper.make_node(op, [data, name], [node.output[0]], name=node.name)
+        )
+        rewritten += 1
+    return rewritten
+
+
+def _scalar_index(model: onnx.ModelProto, producer, name: str) -> int | None:
+    import numpy as np
+
+    value = _constant(model, name)
+    if value is None:
+        node = producer.get(name)
+        if node is None or node.op_type != "Expand":
+            return None
+        value = _constant(model, node.input[0])
+    if value is None or value.size == 0:
+        return None
+    flat = np.asarray(value).ravel()
+    return int(flat[0]) if (flat == flat[0]).all() else None
+
+
+def _is_channel(model, gather: onnx.NodeProto, data: str, k: int, axis: int, rank: int) -> bool:
+    if gather.op_type != "Gather" or gather.input[0] != data:
+        return False
+    g_axis = next((a.i for a in gather.attribute if a.name == "axis"), 0) % rank
+    index = _constant(model, gather.input[1])
+    return g_axis == axis and index is not None and index.ndim == 0 and int(index) == k
+
+
+def _merge_constant_chains(model: onnx.ModelProto) -> int:
+    """op(op(x, A), B) -> op(x, A (*|+) B) for Mul/Div (product) and Add/Sub (sum) by
+    constants, when the inner result has no other reader."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    merged = 0
+    changed = True
+    while changed:
+        changed = False
+        producer = {o: n for n in graph.node for o in n.output}
+        consumers = _consumers(graph)
+        for outer in list(graph.node):
+            if outer.op_type not in _ELEMENTWISE:
+                continue
+            inner = producer.get(outer.input[0])
+            if inner is None or inner.op_type != outer.op_type or inner.output[0] in outputs:
+                continue
+            if len(consumers.get(inner.output[0], [])) != 1:
+                continue
+            a, b = _constant(model, inner.input[1]), _constant(model, outer.input[1])
+            if a is None or b is None or a.dtype != b.dtype:
+                continue
+            combined = a * b if outer.op_type in ("Mul", "Div") else a + b
+            name = f"{outer.output[0]}_merged"
+            graph.initializer.append(numpy_helper.from_array(np.asarray(combined), name))
+            outer.input[0], outer.input[1] = inner.input[0], name
+            graph.node.remove(inner)
+            merged += 1
+            changed = True
+            break
+    return merged
+
+
+def _drop_dead(model: onnx.ModelProto) -> None:
+    graph = model.graph
+    needed = {o.name for o in graph.output}
+    keep = []
+    for node in reversed(list(graph.node)):
+        if any(o in needed for o in node.output):
+            keep.append(node)
+            needed.update(node.input)
+    del graph.node[:]
+    graph.node.extend(reversed(keep))
+    used = needed
+    for t in list(graph.initializer):
+        if t.name not in used:
+            graph.initializer.remove(t)

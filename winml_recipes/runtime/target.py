@@ -7,7 +7,7 @@ CPU EP and is labelled `cpu-simulation` with the reason, or fails when the EP is
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,7 @@ def run_on_target(
     feeds: Sequence[Mapping[str, np.ndarray]],
     device: str,
     options: Mapping[str, Any] | None = None,
+    on_sample: Callable[[int], None] | None = None,
 ) -> TargetRun:
     """Run every feed on the device's EP; `options` may set allow_cpu_fallback, require_ep."""
     options = options or {}
@@ -66,5 +67,9 @@ def run_on_target(
         fallback=bool(options.get("allow_cpu_fallback", False)),
         require=bool(options.get("require_ep", False)),
     )
-    outputs = [session.run(feed, i) for i, feed in enumerate(feeds)]
+    outputs = []
+    for i, feed in enumerate(feeds):
+        outputs.append(session.run(feed, i))
+        if on_sample is not None:
+            on_sample(i + 1)
     return TargetRun(outputs, record["verified_on"], record)
