@@ -9,6 +9,7 @@ stream over the samples twice without holding them.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -243,9 +244,22 @@ def preprocess_image(path: Path, spec: TensorSpec) -> np.ndarray:
 
 
 def from_upstream(
-    up: UpstreamComponent, up_feeds: FeedFactory, contract: IOContract, samples: int, seed: int
+    up: UpstreamComponent,
+    up_feeds: FeedFactory,
+    contract: IOContract,
+    samples: int,
+    seed: int,
+    per_upstream: int = 1,
+    store: Path | None = None,
 ) -> FeedFactory:
-    """Run the upstream float model sample by sample; its outputs feed inputs of that name."""
+    """Run the upstream float model; its outputs feed the inputs of the same name.
+
+    Each upstream output serves `per_upstream` consecutive samples (the other inputs, e.g.
+    SAM 3's prompts, differ per sample): a full-size image encoder forward costs minutes,
+    a prompt nothing. With a `store` folder, outputs are kept content-addressed (upstream
+    model digest + input bytes), so no upstream input is ever run twice, across steps,
+    targets and builds.
+    """
     produced = {s.name for s in up.contract.outputs}
     fed = [s.name for s in contract.inputs if s.name in produced]
     if not fed:
@@ -259,15 +273,64 @@ def from_upstream(
     rest = synthetic(others, samples, seed)
 
     def gen() -> Iterator[Feed]:
+        session = None
+        upstream = up_feeds()
+        outs: dict[str, np.ndarray] = {}
+        for i, extra in enumerate(rest()):
+            if i % per_upstream == 0:
+                upstream_feed = next(upstream, None)
+                if upstream_feed is None:
+                    return
+                outs, session = _upstream_outputs(up, upstream_feed, fed, store, session)
+            yield {**extra, **outs}
+
+    return gen
+
+
+def _upstream_outputs(up, feed: Feed, fed: list[str], store: Path | None, session):
+    """The upstream model's outputs `fed` for `feed`: from the store, or computed (once)."""
+    import hashlib
+
+    key = None
+    if store is not None:
+        h = hashlib.sha256(up.digest.encode())
+        for name in sorted(feed):
+            arr = np.ascontiguousarray(feed[name])
+            h.update(f"{name}:{arr.dtype.str}:{arr.shape}".encode())
+            h.update(arr.tobytes())
+        key = h.hexdigest()
+        path = store / "upstream" / key[:2] / f"{key}.npz"
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                if all(n in data.files for n in fed):
+                    return {n: data[n] for n in fed}, session
+        except (OSError, ValueError):
+            pass  # absent or damaged: computed again
+    if session is None:
         from winml_recipes.runtime.sessions import load_session
 
         session = load_session(up.model)
-        names = [o.name for o in session.get_outputs()]
-        for upstream_feed, extra in zip(up_feeds(), rest(), strict=False):
-            outs = dict(zip(names, session.run(None, upstream_feed), strict=True))
-            yield {**extra, **{n: outs[n] for n in fed}}
+    names = [o.name for o in session.get_outputs()]
+    values = dict(zip(names, session.run(None, feed), strict=True))
+    outs = {n: values[n] for n in fed}
+    if key is not None:
+        _store_npz(store / "upstream" / key[:2] / f"{key}.npz", outs)
+    return outs, session
 
-    return gen
+
+def _store_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def take(factory: FeedFactory, count: int) -> list[Feed]:
@@ -288,6 +351,7 @@ def feeds_for(
     upstream: Mapping[str, UpstreamComponent],
     samples: int,
     seed: int,
+    store: Path | None = None,
 ) -> FeedFactory:
     """The feed source described by calibration-style options (npz, images, inputs_from)."""
     opts = dict(options or {})
@@ -304,8 +368,10 @@ def feeds_for(
                 f"inputs_from {up.name}: its own calibration uses inputs_from too; chains of "
                 "inputs_from are not supported"
             )
-        up_feeds = feeds_for(up.calibration, up.contract, base, {}, samples, seed)
-        return from_upstream(up, up_feeds, contract, samples, seed)
+        per = int(opts.get("samples_per_upstream", 1))
+        count = -(-samples // per)
+        up_feeds = feeds_for(up.calibration, up.contract, base, {}, count, seed)
+        return from_upstream(up, up_feeds, contract, samples, seed, per, store)
     return synthetic(contract, samples, seed)
 
 

@@ -106,3 +106,23 @@ def test_cli_build_json_and_plan(tiny_build, tmp_path) -> None:
     assert [s["pass"] for s in steps] == [
         "export", "normalize", "fix_shapes", "quantize", "verify", "compile"
     ]  # fmt: skip
+
+
+def test_builds_without_fcntl(tmp_path) -> None:
+    """Windows has no fcntl: the build path must not need it (simulated by blocking it)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import make_mlp_project
+
+    recipe = make_mlp_project(tmp_path)
+    code = (
+        "import sys\n"
+        "sys.modules['fcntl'] = None  # import fcntl -> ImportError, as on Windows\n"
+        "from winml_recipes import api\n"
+        f"r = api.build({str(recipe)!r}, output_root={str(tmp_path / 'out')!r})\n"
+        "print(r.output_dir.name)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["cpu-fp32"]

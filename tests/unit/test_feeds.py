@@ -337,6 +337,26 @@ def test_from_upstream_errors(tmp_path: Path) -> None:
         feeds_for({"inputs_from": "encoder"}, DOWN, tmp_path, {"encoder": chained}, 1, 0)
 
 
+def test_upstream_outputs_are_shared_by_prompts_and_stored_once(tmp_path: Path) -> None:
+    """8 samples, 4 per upstream output: 2 upstream runs, each output stored by content;
+    a second pass reads the store (the upstream model is gone by then)."""
+    up = _upstream(tmp_path)
+    store = tmp_path / "store"
+    options = {"inputs_from": "encoder", "samples_per_upstream": 4}
+    feeds = take(feeds_for(options, DOWN, tmp_path, {"encoder": up}, 8, 5, store), 9)
+    assert len(feeds) == 8
+    up_inputs = take(synthetic(up.contract, 2, 5), 2)
+    for i, f in enumerate(feeds):
+        np.testing.assert_allclose(f["h"], 10 * up_inputs[i // 4]["x"], rtol=1e-6)
+    assert not np.array_equal(feeds[0]["z"], feeds[1]["z"])  # prompts differ per sample
+    stored = sorted(store.rglob("*.npz"))
+    assert len(stored) == 2
+    up.model.unlink()  # from now on only the store can answer
+    again = take(feeds_for(options, DOWN, tmp_path, {"encoder": up}, 8, 5, store), 9)
+    assert all(np.array_equal(a["h"], b["h"]) for a, b in zip(feeds, again, strict=True))
+    assert sorted(store.rglob("*.npz")) == stored
+
+
 # --------------------------------------------------------------------------- hostile npz
 
 

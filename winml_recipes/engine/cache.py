@@ -42,8 +42,13 @@ def library_versions() -> dict[str, str | None]:
 
 
 def default_cache_dir() -> Path:
+    """$WINML_RECIPES_CACHE, else the platform's cache folder: %LOCALAPPDATA% on Windows,
+    $XDG_CACHE_HOME or ~/.cache elsewhere (what platformdirs would say, without the dependency)."""
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
+    if os.name == "nt":
+        base = os.environ.get("LOCALAPPDATA") or str(Path.home() / "AppData" / "Local")
+        return Path(base) / "winml-recipes" / "Cache"
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "winml-recipes"
 
@@ -117,7 +122,8 @@ class StepCache:
         return CacheEntry(path, result)
 
     def put(self, key: str, files_dir: Path, result: dict[str, Any]) -> CacheEntry | None:
-        """Store the files of `files_dir` with `result`; returns the stored entry."""
+        """Move the files of `files_dir` into a new entry with `result`; returns the entry
+        (None when the cache is disabled: the files stay where they are)."""
         if not self.enabled:
             return None
         final = self._dir(key)
@@ -128,8 +134,10 @@ class StepCache:
             files, digests = {}, {}
             for f in files_dir.iterdir():
                 if f.is_file() and not f.is_symlink():
-                    shutil.copy2(f, tmp / f.name)
-                    files[f.name] = f.stat().st_size
+                    # Moved, not copied: the step's folder is discarded afterwards, and a
+                    # 2 GB model should not be written twice (a copy only across devices).
+                    shutil.move(str(f), tmp / f.name)
+                    files[f.name] = (tmp / f.name).stat().st_size
                     digests[f.name] = _sha256(tmp / f.name)
             record = {**result, "files": files, "sha256": digests}
             (tmp / RESULT_FILE).write_text(json.dumps(record, sort_keys=True, indent=1))

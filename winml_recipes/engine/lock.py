@@ -1,15 +1,22 @@
-"""An exclusive lock per build output directory (two builds of one target never interleave)."""
+"""An exclusive lock per build output directory (two builds of one target never interleave).
+
+filelock (already installed with huggingface_hub) locks with fcntl on POSIX and msvcrt on
+Windows; the holder's pid is kept in a file beside the lock, for the waiting message.
+"""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from filelock import FileLock, Timeout
+
 from winml_recipes.errors import BuildLockedError
+
+POLL_SECONDS = 0.2
 
 
 @contextmanager
@@ -22,28 +29,36 @@ def exclusive(
 ) -> Iterator[None]:
     """Hold `lock_path` (guarding `guarded`); wait up to `wait_seconds`, then fail clearly."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    holder_file = lock_path.with_name(lock_path.name + ".pid")
+    lock = FileLock(str(lock_path))
+    deadline = time.monotonic() + wait_seconds
+    announced = False
+    while True:
+        try:
+            lock.acquire(timeout=POLL_SECONDS)
+            break
+        except Timeout:
+            holder = _read(holder_file)
+            if time.monotonic() >= deadline:
+                raise BuildLockedError(
+                    f"another build (pid {holder}) is writing this output; wait for it "
+                    "to finish or raise --wait",
+                    where=str(guarded),
+                ) from None
+            if not announced and on_wait:
+                on_wait(f"waiting for another build (pid {holder}) of {guarded}")
+                announced = True
     try:
-        deadline = time.monotonic() + wait_seconds
-        announced = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-                if time.monotonic() >= deadline:
-                    raise BuildLockedError(
-                        f"another build (pid {holder}) is writing this output; wait for it "
-                        "to finish or raise --wait",
-                        where=str(guarded),
-                    ) from None
-                if not announced and on_wait:
-                    on_wait(f"waiting for another build (pid {holder}) of {guarded}")
-                    announced = True
-                time.sleep(0.2)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        holder_file.write_text(str(os.getpid()))
         yield
     finally:
-        os.close(fd)
+        with suppress(OSError):
+            holder_file.unlink()
+        lock.release()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip() or "?"
+    except OSError:
+        return "?"

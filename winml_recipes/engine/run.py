@@ -189,7 +189,7 @@ def _build_component(
     _copy_model(state.model, final_model)
     _write_graph_digest(final_model, final_dir / GRAPH_DIGEST)
     for extra in state.artifacts:
-        shutil.copy2(extra, final_dir / extra.name)
+        _link_or_copy(extra, final_dir / extra.name)
     shipped = final_model
     if not state.ship_model and state.artifacts:
         for p in [final_model, *final_dir.glob(f"{final_model.name}_data")]:
@@ -267,6 +267,7 @@ def _run_step(
         recipe_dir=plan.recipe.path.parent,
         seed=plan.recipe.seed,
         upstream=upstream,
+        store=cache.root if cache.enabled else None,
         progress=(
             (lambda what, done, total: reporter.step_progress(comp.name, step, what, done, total))
             if reporter is not None
@@ -378,12 +379,22 @@ def _contract_key(comp: ComponentPlan | IOContract) -> Any:
 def _copy_model(src: Path, dst: Path) -> None:
     from winml_recipes.onnx.io import sidecar_paths
 
-    shutil.copy2(src, dst)
+    _link_or_copy(src, dst)
     for side in sidecar_paths(src):
         target = dst.parent / f"{dst.name}_data"
         if side.name != target.name:
             raise InternalError(f"unexpected sidecar name {side.name} for {src}")
-        shutil.copy2(side, target)
+        _link_or_copy(side, target)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """A hard link to the cache entry where the filesystem allows (no second copy of a large
+    model; an edited output changes the entry's digest, and the entry is then rebuilt),
+    else a copy. Never a symbolic link."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def _write_graph_digest(model_path: Path, out: Path) -> None:

@@ -90,6 +90,8 @@ class StepContext:
     recipe_dir: Path = Path(".")
     seed: int = 0
     upstream: Mapping[str, UpstreamComponent] = field(default_factory=dict)
+    # Where content-addressed intermediate data may be kept (None: the cache is off).
+    store: Path | None = None
     # progress(what, done, total): counts for the person watching (samples, rounds, ...).
     progress: Callable[[str, int, int | None], None] = field(default=lambda *_: None)
 

@@ -128,7 +128,9 @@ def _static(
     assert cal is not None
     cal_options = {k: v for k, v in vars(cal).items() if v is not None}
     seed = cal.seed + ctx.seed  # the recipe's seed shifts every step's seed
-    feeds = feeds_for(cal_options, ctx.contract, ctx.recipe_dir, ctx.upstream, cal.samples, seed)
+    feeds = feeds_for(
+        cal_options, ctx.contract, ctx.recipe_dir, ctx.upstream, cal.samples, seed, ctx.store
+    )
     model = load_model(src)
     dropped: list[str] = []
     rewrites: dict[str, int] = {}
@@ -187,6 +189,7 @@ def _static(
             ctx.upstream,
             cfg.auto["samples"],
             seed + HELD_OUT_SEED_OFFSET,
+            ctx.store,
         )
         metrics["mixed_precision_auto"] = promote(
             src, out, cfg, ranges_path, overrides, exclude, held_out, ctx, shared

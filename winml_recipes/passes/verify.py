@@ -125,7 +125,7 @@ class VerifyPass(Pass):
         seed = options["seed"] + ctx.seed + 7919
         source = {"inputs_from": options["inputs_from"]} if options.get("inputs_from") else None
         factory = feeds_for(
-            source, contract, ctx.recipe_dir, ctx.upstream, options["samples"], seed
+            source, contract, ctx.recipe_dir, ctx.upstream, options["samples"], seed, ctx.store
         )
         feeds = take(factory, options["samples"])
         reference = run_model(ctx.reference, feeds)

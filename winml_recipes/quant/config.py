@@ -35,6 +35,14 @@ CALIBRATION_SCHEMA: dict[str, Any] = {
             "type": "string",
             "description": "A folder of images, preprocessed as the catalog entry says.",
         },
+        "samples_per_upstream": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 64,
+            "default": 1,
+            "description": "With inputs_from: how many samples share one upstream output (one "
+            "image's embeddings with several prompts; an encoder forward is costly).",
+        },
         "inputs_from": {
             "type": "string",
             "description": "Run this component's float model on its own calibration inputs and "
@@ -127,6 +135,7 @@ class CalibrationConfig:
     npz: str | None = None
     images: str | None = None
     inputs_from: str | None = None
+    samples_per_upstream: int = 1
 
 
 @dataclass(frozen=True)
@@ -219,6 +228,11 @@ def resolve(options: dict[str, Any], target: Target) -> QuantConfig:
             raise PlanError(
                 "quantize.calibration: num_bins is only used by the histogram "
                 "methods; set method: entropy, percentile or distribution, or remove num_bins"
+            )
+        if c.get("samples_per_upstream", 1) != 1 and not c.get("inputs_from"):
+            raise PlanError(
+                "quantize.calibration: samples_per_upstream needs inputs_from; add "
+                "inputs_from or remove samples_per_upstream"
             )
         cal = CalibrationConfig(**c)
     weight_symmetric = options.get("weight_symmetric", weight_type.startswith("int"))
