@@ -261,6 +261,10 @@ def manifest_schema() -> dict[str, Any]:
             "status": {"enum": ["ran", "cached", "skipped"]},
             "reason": {"type": "string"},
             "wall_seconds": {"type": "number", "minimum": 0},
+            "peak_rss_mb": {
+                "type": ["number", "null"],
+                "description": "Peak resident memory of the build process when the step ended.",
+            },
             "input_sha256": {"anyOf": [sha, {"type": "null"}]},
             "output_sha256": {"anyOf": [sha, {"type": "null"}]},
             "cache_key": {"type": "string"},

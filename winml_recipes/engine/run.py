@@ -347,9 +347,13 @@ def _run_step(
     if metrics.get("skipped"):
         status = "skipped"
         record["reason"] = metrics["skipped"]
+    from winml_recipes.runtime.memory import peak_rss_mb
+
     record |= {
         "status": status,
         "wall_seconds": round(time.perf_counter() - started, 4),
+        # the process's peak so far: the step that raises it is the one that needed it
+        "peak_rss_mb": peak_rss_mb(),
         "input_sha256": state.digest,
         "output_sha256": out_digest,
         "metrics": metrics,
