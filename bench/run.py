@@ -10,6 +10,8 @@
   quantization setting, against the naive baseline measured in the same run.
 - QNN HTP (bench/htp.py): verification of the sam3-tiny npu/w8a16 graphs on QNN HTP and
   their EPContext compile, as ratios against verification on the CPU EP.
+- sam3-mid (bench/mid.py): wall time and peak RSS per step of the npu/w8a16 build at the
+  full-size shapes, against one fp32 forward pass of its encoder.
 
 Run with `make bench`. Prints a table and writes bench/out/results.json.
 """
@@ -97,6 +99,10 @@ def main() -> int:
     import htp
 
     htp.main()
+    print()
+    import mid
+
+    mid.main()
     return 0 if ok and memory_ok else 1
 
 

@@ -283,6 +283,8 @@ def _where_verified(metrics: dict[str, Any]) -> str:
     ep = metrics.get("execution_provider", {})
     where = metrics["verified_on"]
     if where == "cpu-simulation":
+        if ep.get("available"):
+            return f"cpu-simulation: {ep.get('reason')}"
         return f"cpu-simulation: {ep.get('provider')} is not available here ({ep.get('reason')})"
     versions = ", ".join(f"{k} {v}" for k, v in ep.get("versions", {}).items())
     nodes = metrics.get("placement", {}).get("nodes", {})

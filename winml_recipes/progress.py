@@ -36,6 +36,7 @@ class _Lines(Reporter):
         self.last_line = 0.0
         self.logged = False
         self.counts: dict[str, Any] = {}
+        self.last_count_end = 0.0
 
     def __enter__(self) -> _Lines:
         return self
@@ -52,11 +53,15 @@ class _Lines(Reporter):
         self.started = self.last_line = time.monotonic()
         self.logged = False
         self.counts = {}
+        self.last_count_end = 0.0
 
     def step_progress(
         self, component: str, step: PlannedStep, what: str, done: int, total: int | None
     ) -> None:
-        key = self.counts.setdefault(what, time.monotonic())
+        # counting starts with the step (or when an earlier count of this step finished)
+        key = self.counts.setdefault(what, self.last_count_end or self.started)
+        if total and done >= total:
+            self.last_count_end = time.monotonic()
         now = time.monotonic()
         due = (not self.logged and now - self.started >= LOG_AFTER_SECONDS) or (
             self.logged and now - self.last_line >= LOG_EVERY_SECONDS
@@ -69,7 +74,7 @@ class _Lines(Reporter):
             )
 
     def step_finished(self, component: str, step: PlannedStep, record: dict[str, Any]) -> None:
-        if self.logged:
+        if self.logged or time.monotonic() - self.started >= LOG_AFTER_SECONDS:
             self._print(
                 f"{component}: {step.name} [{record['status']}] "
                 f"in {time.monotonic() - self.started:.0f} s"

@@ -203,3 +203,24 @@ def test_ctrl_c_between_the_swap_renames_is_held_until_the_swap_is_done(tmp_path
     after = (first.output_dir / "manifest.json").read_text()
     assert after != before and "description: v2" in after  # the new output, whole
     assert sorted(p.name for p in first.output_dir.parent.iterdir()) == [first.output_dir.name]
+
+
+def test_a_build_cleans_what_killed_builds_of_other_targets_left(tmp_path) -> None:
+    """Staging folders of other targets go, unless a build of that target is running."""
+    from winml_recipes.engine.lock import exclusive
+    from winml_recipes.engine.run import lock_path_for
+
+    recipe = _project(tmp_path)
+    first = api.build(recipe, output_root=tmp_path / "out")
+    root = first.output_dir.parent
+    killed = root / ".staging-npu-w8a16-424242"  # a killed build of another target
+    (killed / "first").mkdir(parents=True)
+    (killed / "first" / "model.onnx").write_bytes(b"half")
+    running = root / ".staging-gpu-fp16-434343"  # another target, being built right now
+    running.mkdir()
+    with exclusive(lock_path_for(root / "gpu-fp16"), root / "gpu-fp16", wait_seconds=1):
+        api.build(recipe, output_root=tmp_path / "out")
+        assert running.exists()
+    assert not killed.exists()
+    api.build(recipe, output_root=tmp_path / "out")
+    assert sorted(p.name for p in root.iterdir()) == [first.output_dir.name]

@@ -53,7 +53,7 @@ def error_of(directory: Path, name: str) -> str:
 
 
 def test_repo_catalog_entries_load() -> None:
-    assert entry_names(CATALOG) == ["sam3", "sam3-tiny"]
+    assert entry_names(CATALOG) == ["sam3", "sam3-mid", "sam3-tiny"]
     tiny = load_entry("sam3-tiny", CATALOG)
     assert list(tiny.components) == ["vision_encoder", "prompt_encoder_mask_decoder"]
     assert tiny.family == "sam3_tracker"
@@ -279,8 +279,8 @@ def test_cli_catalog_list_and_show(tmp_path: Path) -> None:
     result = cli("catalog", "list", "--catalog", tmp_path, "--json")
     assert result.exit_code == 0, result.stderr
     rows = json.loads(result.stdout)
-    assert [r["name"] for r in rows] == ["sam3", "sam3-tiny", "tiny"]
-    assert rows[2] == {"name": "tiny", "task": "feature-extraction", "components": ["encoder"]}
+    assert [r["name"] for r in rows] == ["sam3", "sam3-mid", "sam3-tiny", "tiny"]
+    assert rows[3] == {"name": "tiny", "task": "feature-extraction", "components": ["encoder"]}
     shown = cli("catalog", "show", "tiny", "--catalog", tmp_path, "--json")
     assert shown.exit_code == 0
     assert json.loads(shown.stdout)["components"]["encoder"]["dims"] == {"batch": 2}

@@ -37,3 +37,13 @@ def test_long_steps_log_counts_eta_and_the_end(monkeypatch) -> None:
     assert text[0].startswith("enc: quantize: calibration samples 1/4 (")
     assert "s left)" in text[1] and text[1].startswith("enc: quantize: calibration samples 2/4")
     assert text[-1].startswith("enc: quantize [ran] in ")
+
+
+def test_a_long_step_without_counts_logs_its_end(monkeypatch) -> None:
+    clock = iter([0.0, 60.0, 60.0, 60.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    out = io.StringIO()
+    lines = progress._Lines(out)
+    lines.step_started("enc", _step("export"))
+    lines.step_finished("enc", _step("export"), {"status": "ran"})
+    assert out.getvalue() == "enc: export [ran] in 60 s\n"

@@ -111,11 +111,32 @@ def lock_path_for(out_dir: Path) -> Path:
 
 
 def _sweep_stale(out_dir: Path) -> None:
-    """Clean up after an interrupted build (we hold the lock, so nobody else is writing).
+    """Clean up after interrupted builds: this target's (we hold its lock), and the other
+    targets' of the same recipe whose lock is free (no build of theirs is running)."""
+    import re
 
-    A build stopped between the two renames of the swap left the previous output as
-    `.old-*` and no output: put the previous output back.
-    """
+    from filelock import FileLock, Timeout
+
+    _restore_and_clean(out_dir)
+    for stale in sorted(out_dir.parent.glob(".staging-*-*")):
+        match = re.fullmatch(r"\.staging-(.+)-\d+", stale.name)
+        if match is None or match.group(1) == out_dir.name:
+            continue
+        other = out_dir.parent / match.group(1)
+        lock = FileLock(str(lock_path_for(other)))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            continue  # that target is being built right now
+        try:
+            _restore_and_clean(other)
+        finally:
+            lock.release()
+
+
+def _restore_and_clean(out_dir: Path) -> None:
+    """A build stopped between the two renames of the swap left the previous output as
+    `.old-*` and no output: put it back. Then remove staging and `.old-*` leftovers."""
     olds = sorted(out_dir.parent.glob(f".old-{out_dir.name}-*"), key=lambda p: p.stat().st_mtime)
     if not out_dir.exists() and olds:
         os.rename(olds.pop(), out_dir)

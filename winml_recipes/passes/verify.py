@@ -48,6 +48,13 @@ class VerifyPass(Pass):
                 "description": "Let nodes the target's EP refuses run on the CPU EP (off: the "
                 "build fails naming them). Ignored for CPU targets.",
             },
+            "on_target": {
+                "type": "boolean",
+                "default": True,
+                "description": "Run the candidate on the target's EP. false: on the CPU EP, "
+                "recorded as verified_on: cpu-simulation (for graphs the emulated EP cannot "
+                "hold in this machine's memory).",
+            },
             "require_ep": {
                 "type": "boolean",
                 "default": False,

@@ -29,7 +29,12 @@ class TargetRun:
 
 
 def target_session(
-    path: Path, device: str, *, fallback: bool = False, require: bool = False
+    path: Path,
+    device: str,
+    *,
+    fallback: bool = False,
+    require: bool = False,
+    on_target: bool = True,
 ) -> tuple[RuntimeSession, dict[str, Any]]:
     """A session on the device's EP (or the CPU simulation) and its manifest record."""
     ep = provider_for_device(device)
@@ -37,6 +42,9 @@ def target_session(
     if ep.is_cpu:
         session = open_session(path)
         return session, {"verified_on": "cpu", **record}
+    if not on_target:
+        record["execution_provider"]["reason"] = "the recipe verifies on the CPU EP (on_target)"
+        return open_session(path), {"verified_on": CPU_SIMULATION, **record}
     avail = availability(ep.key)
     if not avail.available:
         if require:
@@ -66,6 +74,7 @@ def run_on_target(
         device,
         fallback=bool(options.get("allow_cpu_fallback", False)),
         require=bool(options.get("require_ep", False)),
+        on_target=bool(options.get("on_target", True)),
     )
     outputs = []
     for i, feed in enumerate(feeds):
