@@ -166,7 +166,7 @@ BAD_RECIPES = [
     pytest.param(
         HEAD.replace("model: mlp", "model: mpl"),
         r"{path}:4: \$\.model: unknown catalog entry 'mpl' \(did you mean 'mlp'\?\); "
-        r"entries in {catalog}: mlp, sam3, sam3-tiny",
+        r"entries in {catalog}: mlp, sam3, sam3-mid, sam3-tiny",
         id="unknown-catalog-entry",
     ),
     pytest.param(
@@ -365,7 +365,8 @@ def test_validate_repo_recipes() -> None:
     assert [line.split(" (")[0] for line in lines] == [
         f"ok: {p}" for p in sorted(RECIPES.glob("*.yaml"))
     ]
-    assert lines[0].startswith(f"ok: {RECIPES / 'sam3-tiny.yaml'} (cpu/fp32, ")
+    tiny = next(line for line in lines if "sam3-tiny.yaml" in line)
+    assert tiny.startswith(f"ok: {RECIPES / 'sam3-tiny.yaml'} (cpu/fp32, ")
 
 
 def test_plan_json(proj: Project) -> None:
@@ -391,6 +392,7 @@ def test_plan_json(proj: Project) -> None:
                 "samples": 3,
                 "seed": 0,
                 "allow_cpu_fallback": False,
+                "on_target": True,
                 "require_ep": False,
                 "compare_simulation": True,
             },

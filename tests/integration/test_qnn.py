@@ -386,3 +386,20 @@ def test_a_host_without_the_ep_verifies_on_the_simulation_and_says_so(tmp_path: 
     assert "qnn-htp  QNNExecutionProvider   devices: npu   not available: EP library" in (
         listed.stdout
     )
+
+
+def test_on_target_false_verifies_on_the_simulation_and_says_why(tmp_path: Path) -> None:
+    recipe = _mlp_project(tmp_path, "{verify: {on_target: false}}").read_text()
+    path = tmp_path / "recipes" / "r.yaml"
+    path.write_text(recipe.replace("[quantize, verify, {verify: {on_target: false}}]",
+                                   "[quantize, {verify: {on_target: false}}]"))  # fmt: skip
+    done = cli_subprocess(
+        "build", path, "--device", "npu", "--precision", "w8a16", "-o", tmp_path / "o"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "verified on cpu-simulation: the recipe verifies on the CPU EP (on_target)" in (
+        done.stdout
+    )
+    manifest = json.loads((tmp_path / "o" / "r" / "npu-w8a16" / "manifest.json").read_text())
+    verify = manifest["components"]["model"]["steps"][1]["metrics"]
+    assert verify["verified_on"] == "cpu-simulation" and "placement" not in verify
