@@ -489,6 +489,13 @@ def compare(
         f", {report['samples']} samples; SQNR dB: target/float, simulation/float, target/sim"
     )
     first = report["first_divergence"]
+    apart = report.get("tapped_vs_untapped_db")
+    if apart is not None and apart < 40:
+        click.echo(
+            f"note: with the taps the target's final outputs are {apart:.1f} dB from the "
+            "untouched model's: the EP compiled the tapped graph differently, so a divergence "
+            "of the untouched graph may not show below"
+        )
     for row in report["tensors"]:
         lost = row["simulation_vs_float_db"] - row["target_vs_float_db"]
         if show_all or lost >= 3.0 or row is first or row == first:
