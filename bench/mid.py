@@ -50,20 +50,14 @@ def _run(args: list[str], env: dict | None = None) -> str:
 def run() -> dict:
     with tempfile.TemporaryDirectory(prefix="winml-bench-mid-") as tmp:
         env = {"WINML_RECIPES_CACHE": str(Path(tmp) / "cache")}
-        manifest = json.loads(
-            _run(
-                [sys.executable, "-m", "winml_recipes", "build", str(RECIPE), "--device", "npu",
-                 "--precision", "w8a16", "-o", str(Path(tmp) / "out"), "--json"],
-                env,
-            )
-        )  # fmt: skip
-        fp32 = json.loads(
-            _run(
-                [sys.executable, "-m", "winml_recipes", "build", str(RECIPE), "--device", "cpu",
-                 "--precision", "fp32", "-o", str(Path(tmp) / "out"), "--json"],
-                env,
-            )
-        )  # fmt: skip
+
+        def build(device: str, precision: str) -> dict:
+            args = ["build", str(RECIPE), "--device", device, "--precision", precision]
+            cmd = [sys.executable, "-m", "winml_recipes", *args, "-o", str(Path(tmp) / "out")]
+            return json.loads(_run([*cmd, "--json"], env))
+
+        manifest = build("npu", "w8a16")
+        fp32 = build("cpu", "fp32")
         encoder = Path(tmp) / "out" / "sam3-mid" / "cpu-fp32" / "vision_encoder" / "model.onnx"
         base = json.loads(_run([sys.executable, "-c", _FORWARD.format(model=str(encoder))]))
     steps = []

@@ -53,3 +53,13 @@ class InternalError(WinmlError):
 
 class ExecutionProviderError(WinmlError):
     """The target's execution provider cannot load here, or cannot take the graph."""
+
+
+def check_known(value: str, known: list[str], what: str) -> None:
+    """PlanError for a name outside `known`: "unknown WHAT 'x' (did you mean 'y'?); known: ..."."""
+    import difflib
+
+    if value not in known:
+        close = difflib.get_close_matches(value, known, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise PlanError(f"unknown {what} '{value}'{hint}; known: {', '.join(known)}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -10,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from winml_recipes.errors import PlanError
+from winml_recipes.errors import PlanError, check_known
 
 
 @dataclass(frozen=True, order=True)
@@ -36,11 +35,7 @@ def precisions() -> list[str]:
     return list(presets()["precisions"])
 
 
-def _check(value: str, known: list[str], what: str) -> None:
-    if value not in known:
-        close = difflib.get_close_matches(value, known, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise PlanError(f"unknown {what} '{value}'{hint}; known: {', '.join(known)}")
+_check = check_known
 
 
 def resolve_target(device: str, precision: str) -> Target:

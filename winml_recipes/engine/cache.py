@@ -22,6 +22,7 @@ from typing import Any
 
 import winml_recipes
 from winml_recipes.engine.resolve import canonical_json
+from winml_recipes.onnx.io import file_sha256
 
 CACHE_ENV = "WINML_RECIPES_CACHE"
 RESULT_FILE = "result.json"
@@ -69,14 +70,6 @@ class CacheEntry:
         return p if p.exists() else None
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _intact(path: Path, result: dict[str, Any]) -> bool:
     """Every file of the entry is a regular file (not a link) with its stored size and sha256.
 
@@ -96,7 +89,7 @@ def _intact(path: Path, result: dict[str, Any]) -> bool:
             return False
         if not stat.S_ISREG(info.st_mode) or info.st_size != size:
             return False
-        if _sha256(file) != digests[name]:
+        if file_sha256(file) != digests[name]:
             return False
     return True
 
@@ -138,7 +131,7 @@ class StepCache:
                     # 2 GB model should not be written twice (a copy only across devices).
                     shutil.move(str(f), tmp / f.name)
                     files[f.name] = (tmp / f.name).stat().st_size
-                    digests[f.name] = _sha256(tmp / f.name)
+                    digests[f.name] = file_sha256(tmp / f.name)
             record = {**result, "files": files, "sha256": digests}
             (tmp / RESULT_FILE).write_text(json.dumps(record, sort_keys=True, indent=1))
             if final.exists() and self.get(key) is None:
@@ -147,10 +140,11 @@ class StepCache:
                 os.rename(tmp, final)
             except OSError:  # another build stored the same key first: keep theirs
                 shutil.rmtree(tmp, ignore_errors=True)
+                return self.get(key)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return self.get(key)
+        return CacheEntry(final, record)  # just hashed while moving: not hashed again
 
     def _sweep(self, directory: Path) -> None:
         now = time.time()

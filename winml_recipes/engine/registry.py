@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from winml_recipes.engine.types import ModelFacts, PlanContext, StepContext, StepResult
-from winml_recipes.errors import PlanError
+from winml_recipes.errors import PlanError, check_known
 from winml_recipes.presets import Target
 
 ENTRY_POINT_GROUP = "winml_recipes.passes"
@@ -104,10 +104,7 @@ def all_passes() -> dict[str, type[Pass]]:
 
 def get_pass(name: str) -> Pass:
     passes = all_passes()
-    if name not in passes:
-        close = difflib.get_close_matches(name, list(passes), n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise PlanError(f"unknown pass '{name}'{hint}; known: {', '.join(passes)}")
+    check_known(name, list(passes), "pass")
     return passes[name]()
 
 

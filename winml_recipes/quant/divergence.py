@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-RENAMED_SUFFIX = "_QuantizeLinear_Input"  # ORT's name for a quantized graph output
+from winml_recipes.quant.mixed import RENAMED_SUFFIX  # ORT's name for a quantized output
 
 
 @dataclass(frozen=True)

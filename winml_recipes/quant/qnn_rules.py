@@ -111,14 +111,7 @@ def drop_zero_constant_adds(model: onnx.ModelProto) -> list[str]:
 
     graph = model.graph
     constants = {t.name: t for t in graph.initializer}
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    shapes = {
-        vi.name: [
-            d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim
-        ]
-        for vi in [*inferred.graph.value_info, *inferred.graph.input]
-        if vi.type.tensor_type.HasField("shape")
-    }
+    shapes = _shapes(model)
     graph_outputs = {o.name for o in graph.output}
     rename: dict[str, str] = {}
     removed: list[str] = []
@@ -150,6 +143,17 @@ def drop_zero_constant_adds(model: onnx.ModelProto) -> list[str]:
     del graph.node[:]
     graph.node.extend(keep)
     return removed
+
+
+def _shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
+    """Inferred shapes of the graph's values (None for a dim that is not static)."""
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    return {
+        vi.name: [d.dim_value if d.HasField("dim_value") else None for d in dims]
+        for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
+        if vi.type.tensor_type.HasField("shape")
+        for dims in [vi.type.tensor_type.shape.dim]
+    }
 
 
 def _zero_operand(node: onnx.NodeProto, constants, numpy_helper) -> int | None:
@@ -286,13 +290,7 @@ def _scatters_to_elementwise(model: onnx.ModelProto) -> int:
     from onnx import numpy_helper
 
     graph = model.graph
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    shapes = {
-        vi.name: [d.dim_value if d.HasField("dim_value") else None for d in dims]
-        for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
-        if vi.type.tensor_type.HasField("shape")
-        for dims in [vi.type.tensor_type.shape.dim]
-    }
+    shapes = _shapes(model)
     producer = {o: n for n in graph.node for o in n.output}
     rewritten = 0
     for node in list(graph.node):

@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from winml_recipes.errors import PlanError
+from winml_recipes.errors import check_known
 
 CPU = "cpu"
 
@@ -75,13 +75,8 @@ def execution_providers() -> dict[str, ExecutionProvider]:
 
 
 def get_provider(key: str) -> ExecutionProvider:
-    import difflib
-
     table = execution_providers()
-    if key not in table:
-        close = difflib.get_close_matches(key, list(table), n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise PlanError(f"unknown execution provider '{key}'{hint}; known: {', '.join(table)}")
+    check_known(key, list(table), "execution provider")
     return table[key]
 
 
