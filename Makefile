@@ -6,9 +6,11 @@ STAMP  := $(VENV)/.installed
 MODEL     ?= sam3-tiny
 DEVICE    ?=
 PRECISION ?=
-TARGET_ARGS := $(if $(DEVICE),--device $(DEVICE)) $(if $(PRECISION),--precision $(PRECISION))
+SOURCE    ?=
+TARGET_ARGS := $(if $(DEVICE),--device $(DEVICE)) $(if $(PRECISION),--precision $(PRECISION)) \
+               $(if $(SOURCE),--source $(SOURCE))
 
-.PHONY: install build test golden schema lint bench clean
+.PHONY: install build test test-slow golden schema lint bench clean
 
 install: $(STAMP)
 
@@ -24,6 +26,10 @@ build: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# Minutes-long full-size cases (sam3-mid), kept out of `make test` and CI.
+test-slow: install
+	$(BIN)/python -m pytest -q -m slow
 
 golden: install
 	$(BIN)/python -m pytest -q tests/golden --force-regen || $(BIN)/python -m pytest -q tests/golden

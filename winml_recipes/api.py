@@ -18,10 +18,19 @@ def load(
     precision: str | None = None,
     defines: dict[str, Any] | None = None,
     catalog_dir: Path | None = None,
+    source: str | None = None,
 ) -> Recipe:
-    """Render, parse and validate a recipe for one target (default: its first target)."""
+    """Render, parse and validate a recipe for one target (default: its first target).
+
+    `source` picks one of the catalog's named sources (e.g. "int8" for sam3).
+    """
     return load_recipe(
-        recipe, device=device, precision=precision, defines=defines, catalog_dir=catalog_dir
+        recipe,
+        device=device,
+        precision=precision,
+        defines=defines,
+        catalog_dir=catalog_dir,
+        source=source,
     )
 
 
@@ -43,9 +52,14 @@ def build(
     cache_dir: Path | None = None,
     reporter: Reporter | None = None,
     wait_seconds: float = 600.0,
+    memory_budget: str | float | None = None,
     **kwargs: Any,
 ) -> BuildResult:
-    """Build one target of a recipe; returns the output directory and manifest."""
+    """Build one target of a recipe; returns the output directory and manifest.
+
+    `memory_budget` ("12GB", or MB): steps estimated above it stop the build before they
+    start (default: $WINML_RECIPES_MEMORY_BUDGET, else physical memory minus headroom).
+    """
     the_plan = plan(recipe, **kwargs)
     return run_plan(
         the_plan,
@@ -53,6 +67,7 @@ def build(
         cache=StepCache(cache_dir, enabled=use_cache),
         reporter=reporter,
         wait_seconds=wait_seconds,
+        memory_budget=memory_budget,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,14 @@ class Component:
     contract: IOContract
     task: str | None = None
     source_line: int = 0  # line of `source:` in the catalog file, for error messages
+    sources: dict[str, dict[str, Any]] = field(default_factory=dict)  # named alternatives
+
+    def pick_source(self, name: str | None) -> tuple[dict[str, Any], str | None]:
+        """The source spec called `name` (None: the default) and its name, if it has one."""
+        if not self.sources:
+            return self.source, None
+        name = name or next(iter(self.sources))
+        return self.sources[name], name
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,14 @@ class CatalogEntry:
     @property
     def family(self) -> str | None:
         return self.data.get("family")
+
+    @property
+    def source_names(self) -> list[str]:
+        """Names of the alternative sources its components offer (empty: one source each)."""
+        names: dict[str, None] = {}
+        for comp in self.components.values():
+            names |= dict.fromkeys(comp.sources)
+        return list(names)
 
 
 def default_catalog_dir(near: Path | None = None) -> Path:
@@ -123,12 +139,15 @@ def _component(name: str, data: dict[str, Any], lines: dict, path: Path) -> Comp
                 f"$.components.{name}.inputs.{spec.name}.range: low is above high",
                 where=f"{path}:{line}",
             )
+    sources = {k: dict(v) for k, v in data.get("sources", {}).items()}
+    key = "sources" if sources else "source"
     return Component(
         name,
-        dict(data["source"]),
+        dict(data["source"]) if not sources else next(iter(sources.values())),
         IOContract(inputs, outputs, dims),
         data.get("task"),
-        source_line=lines.get(("components", name, "source"), 0),
+        source_line=lines.get(("components", name, key), 0),
+        sources=sources,
     )
 
 

@@ -53,6 +53,12 @@ target_options = [
         type=click.Path(path_type=Path, file_okay=False),
         help="Catalog directory (default: ../catalog beside the recipe, $WINML_RECIPES_CATALOG).",
     ),
+    click.option(
+        "--source",
+        metavar="NAME",
+        help="Which of the catalog's named sources to build from (e.g. sam3: fp32, int8; "
+        "default: the recipe's `source:`, else the first listed).",
+    ),
 ]
 
 
@@ -62,7 +68,7 @@ def with_target_options(fn):
     return fn
 
 
-def _load_kwargs(device, precision, defines, catalog_dir) -> dict[str, Any]:
+def _load_kwargs(device, precision, defines, catalog_dir, source) -> dict[str, Any]:
     from winml_recipes.recipe import parse_defines
 
     return {
@@ -70,6 +76,7 @@ def _load_kwargs(device, precision, defines, catalog_dir) -> dict[str, Any]:
         "precision": precision,
         "defines": parse_defines(defines),
         "catalog_dir": catalog_dir,
+        "source": source,
     }
 
 
@@ -90,14 +97,14 @@ def main(ctx: click.Context, debug: bool) -> None:
 @main.command()
 @click.argument("recipes", nargs=-1, required=True, type=click.Path(path_type=Path))
 @with_target_options
-def validate(recipes, device, precision, defines, catalog_dir) -> None:
+def validate(recipes, device, precision, defines, catalog_dir, source) -> None:
     """Render, validate and plan recipes for every declared target (no downloads)."""
     from winml_recipes import api
 
     failed = 0
     for path in recipes:
         try:
-            kwargs = _load_kwargs(device, precision, defines, catalog_dir)
+            kwargs = _load_kwargs(device, precision, defines, catalog_dir, source)
             targets = api.targets_of(path, **kwargs)
             for dev, prec in targets:
                 if device in (None, dev) and precision in (None, prec):
@@ -114,11 +121,11 @@ def validate(recipes, device, precision, defines, catalog_dir) -> None:
 @click.argument("recipe", type=click.Path(path_type=Path))
 @with_target_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan(recipe, device, precision, defines, catalog_dir, as_json) -> None:
+def plan(recipe, device, precision, defines, catalog_dir, source, as_json) -> None:
     """Show the steps a build would run, with skip reasons, without running anything."""
     from winml_recipes import api
 
-    the_plan = api.plan(recipe, **_load_kwargs(device, precision, defines, catalog_dir))
+    the_plan = api.plan(recipe, **_load_kwargs(device, precision, defines, catalog_dir, source))
     if as_json:
         _echo_json(the_plan.to_dict())
         return
@@ -152,6 +159,12 @@ def plan(recipe, device, precision, defines, catalog_dir, as_json) -> None:
     show_default=True,
     help="Seconds to wait for another build of the same output.",
 )
+@click.option(
+    "--memory-budget",
+    metavar="SIZE",
+    help="Stop before a step estimated above SIZE (e.g. 12GB; default: "
+    "$WINML_RECIPES_MEMORY_BUDGET, else physical memory minus max(2 GB, 15%)).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest(s) as JSON.")
 @click.option(
     "--onnx",
@@ -171,10 +184,12 @@ def build(
     precision,
     defines,
     catalog_dir,
+    source,
     all_targets,
     no_cache,
     output_root,
     wait_seconds,
+    memory_budget,
     as_json,
     onnx_file,
     shapes,
@@ -189,9 +204,10 @@ def build(
     if onnx_file is not None:
         from winml_recipes.authoring import parse_shapes
 
-        if recipe is not None or all_targets or defines or catalog_dir:
+        if recipe is not None or all_targets or defines or catalog_dir or source:
             raise RecipeError(
-                "--onnx builds from the presets: drop RECIPE, --all-targets, -D and --catalog"
+                "--onnx builds from the presets: drop RECIPE, --all-targets, -D, --catalog "
+                "and --source"
             )
         if not device:
             raise RecipeError("--onnx needs --device (cpu, gpu, npu)")
@@ -208,6 +224,7 @@ def build(
                 use_cache=not no_cache,
                 reporter=reporter,
                 wait_seconds=wait_seconds,
+                memory_budget=memory_budget,
             )
         if as_json:
             _echo_json(result.manifest)
@@ -218,7 +235,7 @@ def build(
         raise RecipeError("--shape is only for --onnx; recipes take shapes from the catalog")
     if recipe is None:
         raise RecipeError("missing RECIPE (e.g. recipes/sam3-tiny.yaml) or --onnx FILE")
-    kwargs = _load_kwargs(device, precision, defines, catalog_dir)
+    kwargs = _load_kwargs(device, precision, defines, catalog_dir, source)
     if all_targets:
         if device or precision:
             raise RecipeError("--all-targets cannot be combined with --device/--precision")
@@ -235,6 +252,7 @@ def build(
                 use_cache=not no_cache,
                 reporter=reporter,
                 wait_seconds=wait_seconds,
+                memory_budget=memory_budget,
                 **{**kwargs, "device": dev, "precision": prec},
             )
         manifests.append(result.manifest)

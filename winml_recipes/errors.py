@@ -41,6 +41,10 @@ class PassError(WinmlError):
     """A pass failed on valid input (e.g. verification below threshold)."""
 
 
+class MemoryBudgetError(WinmlError):
+    """A step is estimated to need more memory than the build's budget."""
+
+
 class BuildLockedError(WinmlError):
     """Another build holds the output directory."""
 

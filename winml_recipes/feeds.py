@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -251,6 +251,7 @@ def from_upstream(
     seed: int,
     per_upstream: int = 1,
     store: Path | None = None,
+    for_calibration: bool = False,
 ) -> FeedFactory:
     """Run the upstream float model; its outputs feed the inputs of the same name.
 
@@ -271,51 +272,122 @@ def from_upstream(
         tuple(s for s in contract.inputs if s.name not in fed), contract.outputs, contract.dims
     )
     rest = synthetic(others, samples, seed)
+    model, digest = up.for_calibration() if for_calibration else (up.model, up.digest)
+    return UpstreamFeeds(model, digest, up_feeds, rest, fed, per_upstream, store)
 
-    def gen() -> Iterator[Feed]:
+
+class UpstreamFeeds:
+    """A feed factory over an upstream model's outputs; counts the forwards it ran.
+
+    `computed` and `reused` (upstream outputs read from the store) cover every pass over
+    the samples, so a step can report that no upstream input was run twice.
+    """
+
+    def __init__(
+        self,
+        model: Path,
+        digest: str,
+        up_feeds: FeedFactory,
+        rest: FeedFactory,
+        fed: list[str],
+        per_upstream: int,
+        store: Path | None,
+    ) -> None:
+        self.model, self.digest, self.store = model, digest, store
+        self.up_feeds, self.rest, self.fed, self.per = up_feeds, rest, fed, per_upstream
+        self.computed = 0
+        self.reused = 0
+
+    def __call__(self) -> Iterator[Feed]:
         session = None
-        upstream = up_feeds()
+        upstream = self.up_feeds()
         outs: dict[str, np.ndarray] = {}
-        for i, extra in enumerate(rest()):
-            if i % per_upstream == 0:
+        for i, extra in enumerate(self.rest()):
+            if i % self.per == 0:
                 upstream_feed = next(upstream, None)
                 if upstream_feed is None:
                     return
-                outs, session = _upstream_outputs(up, upstream_feed, fed, store, session)
+                outs, session = self._outputs(upstream_feed, session)
             yield {**extra, **outs}
 
-    return gen
+    def _outputs(self, feed: Feed, session):
+        """The upstream model's outputs for `feed`: from the store, or computed (once)."""
+        if self.store is not None:
+            kept = stored_outputs(self.store, self.digest, feed, self.fed)
+            if kept is not None:
+                self.reused += 1
+                return kept, session
+        if session is None:
+            from winml_recipes.runtime.sessions import load_session
+
+            session = load_session(self.model)
+        names = [o.name for o in session.get_outputs()]
+        values = dict(zip(names, session.run(None, feed), strict=True))
+        self.computed += 1
+        if self.store is not None:
+            store_outputs(self.store, self.digest, feed, values)
+        return {n: values[n] for n in self.fed}, session
 
 
-def _upstream_outputs(up, feed: Feed, fed: list[str], store: Path | None, session):
-    """The upstream model's outputs `fed` for `feed`: from the store, or computed (once)."""
+def _output_key(digest: str, feed: Feed) -> str:
     import hashlib
 
-    key = None
-    if store is not None:
-        h = hashlib.sha256(up.digest.encode())
-        for name in sorted(feed):
-            arr = np.ascontiguousarray(feed[name])
-            h.update(f"{name}:{arr.dtype.str}:{arr.shape}".encode())
-            h.update(arr.tobytes())
-        key = h.hexdigest()
-        path = store / "upstream" / key[:2] / f"{key}.npz"
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                if all(n in data.files for n in fed):
-                    return {n: data[n] for n in fed}, session
-        except (OSError, ValueError):
-            pass  # absent or damaged: computed again
-    if session is None:
-        from winml_recipes.runtime.sessions import load_session
+    h = hashlib.sha256(digest.encode())
+    for name in sorted(feed):
+        arr = np.ascontiguousarray(feed[name])
+        h.update(f"{name}:{arr.dtype.str}:{arr.shape}".encode())
+        h.update(arr.tobytes())
+    return h.hexdigest()
 
-        session = load_session(up.model)
-    names = [o.name for o in session.get_outputs()]
-    values = dict(zip(names, session.run(None, feed), strict=True))
-    outs = {n: values[n] for n in fed}
-    if key is not None:
-        _store_npz(store / "upstream" / key[:2] / f"{key}.npz", outs)
-    return outs, session
+
+def _output_path(store: Path, digest: str, feed: Feed) -> Path:
+    key = _output_key(digest, feed)
+    return store / "upstream" / key[:2] / f"{key}.npz"
+
+
+def stored_outputs(
+    store: Path, digest: str, feed: Feed, names: Iterable[str] | None = None
+) -> dict[str, np.ndarray] | None:
+    """Outputs `names` (None: all) of the model with digest `digest` for `feed`, if kept."""
+    try:
+        with np.load(_output_path(store, digest, feed), allow_pickle=False) as data:
+            wanted = list(data.files if names is None else names)
+            if all(n in data.files for n in wanted):
+                return {n: data[n] for n in wanted}
+    except (OSError, ValueError):
+        pass  # absent or damaged: computed again
+    return None
+
+
+def store_outputs(store: Path, digest: str, feed: Feed, outputs: Mapping[str, np.ndarray]) -> None:
+    """Keep a model's outputs for `feed` by content (model digest + input bytes).
+
+    A full-size image encoder forward costs minutes; whatever step runs it first (the
+    encoder's own calibration or verification) leaves its outputs here for the next one
+    (the decoder's calibration or verification), across targets and builds.
+    """
+    _store_npz(_output_path(store, digest, feed), dict(outputs))
+
+
+def outputs_for(
+    model: Path, digest: str | None, feeds: list[Feed], store: Path | None, keep: bool = True
+) -> list[dict[str, np.ndarray]]:
+    """A float model's outputs for each feed, read from the store (and written, if `keep`)."""
+    from winml_recipes.runtime.sessions import load_session
+
+    session = None
+    out = []
+    for feed in feeds:
+        kept = stored_outputs(store, digest, feed) if store is not None and digest else None
+        if kept is None:
+            if session is None:
+                session = load_session(model)
+            names = [o.name for o in session.get_outputs()]
+            kept = dict(zip(names, session.run(None, feed), strict=True))
+            if store is not None and digest and keep:
+                store_outputs(store, digest, feed, kept)
+        out.append(kept)
+    return out
 
 
 def _store_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -352,8 +424,13 @@ def feeds_for(
     samples: int,
     seed: int,
     store: Path | None = None,
+    for_calibration: bool = False,
 ) -> FeedFactory:
-    """The feed source described by calibration-style options (npz, images, inputs_from)."""
+    """The feed source described by calibration-style options (npz, images, inputs_from).
+
+    With `for_calibration`, an upstream component's inputs come from the float model its
+    own calibration ran (whose outputs that calibration stored), else from its reference.
+    """
     opts = dict(options or {})
     if opts.get("npz"):
         files = npz_files(opts["npz"], base)
@@ -371,7 +448,7 @@ def feeds_for(
         per = int(opts.get("samples_per_upstream", 1))
         count = -(-samples // per)
         up_feeds = feeds_for(up.calibration, up.contract, base, {}, count, seed)
-        return from_upstream(up, up_feeds, contract, samples, seed, per, store)
+        return from_upstream(up, up_feeds, contract, samples, seed, per, store, for_calibration)
     return synthetic(contract, samples, seed)
 
 

@@ -58,6 +58,7 @@ class Recipe:
     seed: int
     rendered: str
     variables: dict[str, Any] = field(default_factory=dict)
+    source: str | None = None  # the catalog's named source built from (None: its only one)
 
     @property
     def sha256(self) -> str:
@@ -439,8 +440,13 @@ def load_recipe(
     precision: str | None = None,
     defines: dict[str, Any] | None = None,
     catalog_dir: Path | None = None,
+    source: str | None = None,
 ) -> Recipe:
-    """Load a recipe for one target; unspecified parts come from its first matching target."""
+    """Load a recipe for one target; unspecified parts come from its first matching target.
+
+    `source` picks one of the catalog's named `sources` (default: the recipe's `source:`,
+    else the first one listed).
+    """
     path = Path(path)
     if not path.is_file():
         what = "is a directory, expected a recipe file" if path.is_dir() else "recipe not found"
@@ -463,6 +469,7 @@ def load_recipe(
         catalog = _load_catalog(data["model"], catalog_dir, where)
     check_defines(path, defines or {})
     components, dims = _components(loaded, catalog, chosen, str(path))
+    chosen_source = _choose_source(catalog, source, data.get("source"), loaded, path)
     return Recipe(
         name=data["name"],
         path=path,
@@ -475,7 +482,43 @@ def load_recipe(
         seed=int(data.get("seed", 0)),
         rendered=loaded.text,
         variables={**(defines or {}), "device": chosen.device, "precision": chosen.precision},
+        source=chosen_source,
     )
+
+
+def _choose_source(
+    catalog: CatalogEntry,
+    requested: str | None,
+    declared: str | None,
+    loaded: LoadedYaml,
+    path: Path,
+) -> str | None:
+    """The named catalog source to build from: --source, else the recipe's, else the first."""
+    from winml_recipes.errors import check_known
+
+    names = catalog.source_names
+    name = requested or declared
+    where = f"{path}:{loaded.lines.get(('source',), 1)}" if not requested else "--source"
+    if name is None:
+        return names[0] if names else None
+    if not names:
+        raise RecipeError(
+            f"source '{name}': catalog '{catalog.name}' has one source per component; "
+            "drop the source choice",
+            where=where,
+        )
+    try:
+        check_known(name, names, "source")
+    except WinmlError as exc:
+        raise RecipeError(exc.message, where=where) from None
+    missing = [c.name for c in catalog.components.values() if c.sources and name not in c.sources]
+    if missing:
+        raise RecipeError(
+            f"source '{name}' is not offered by component(s) {', '.join(missing)} of catalog "
+            f"'{catalog.name}'",
+            where=where,
+        )
+    return name
 
 
 def _render_and_validate(

@@ -111,6 +111,12 @@ def recipe_schema() -> dict[str, Any]:
                 "default": 0,
                 "description": "Added to every step's seed (calibration and verification data).",
             },
+            "source": {
+                "type": "string",
+                "pattern": NAME_PATTERN,
+                "description": "Which of the catalog's named `sources` to build from "
+                "(default: the first listed); `--source NAME` overrides it.",
+            },
             "targets": {"type": "array", "minItems": 1, "items": _target_schema()},
             "steps": {
                 "$ref": "#/$defs/steps",
@@ -202,10 +208,19 @@ def catalog_schema() -> dict[str, Any]:
     component = {
         "type": "object",
         "additionalProperties": False,
-        "required": ["source", "inputs", "outputs"],
+        "required": ["inputs", "outputs"],
+        "oneOf": [{"required": ["source"]}, {"required": ["sources"]}],
         "properties": {
             "description": {"type": "string"},
             "source": source,
+            "sources": {
+                "type": "object",
+                "description": "Named alternative sources (e.g. fp32, int8); the first is the "
+                "default, a recipe's `source:` or `--source NAME` picks another.",
+                "minProperties": 1,
+                "propertyNames": {"pattern": NAME_PATTERN},
+                "additionalProperties": source,
+            },
             "task": {"enum": ["feature-extraction", "image-classification"]},
             "dims": _dims_schema(),
             "inputs": {
@@ -264,6 +279,11 @@ def manifest_schema() -> dict[str, Any]:
             "peak_rss_mb": {
                 "type": ["number", "null"],
                 "description": "Peak resident memory of the build process when the step ended.",
+            },
+            "memory_estimate_mb": {
+                "type": "number",
+                "description": "The step's estimated peak, checked against the memory budget "
+                "before it ran (absent: the pass gives no estimate, e.g. export).",
             },
             "input_sha256": {"anyOf": [sha, {"type": "null"}]},
             "output_sha256": {"anyOf": [sha, {"type": "null"}]},
@@ -363,6 +383,10 @@ def manifest_schema() -> dict[str, Any]:
                 },
             },
             "model": {"type": "string"},
+            "source": {
+                "type": "string",
+                "description": "The catalog's named source built from (absent: its only one).",
+            },
             "target": _target_schema(),
             "wall_seconds": {"type": "number", "minimum": 0},
             "components": {"type": "object", "additionalProperties": component},

@@ -36,10 +36,23 @@ def load_yaml(text: str, filename: str, error: type[WinmlError]) -> LoadedYaml:
     Duplicate keys and non-string keys are errors (PyYAML silently keeps the last of two
     equal keys, and `1:` would become an int key that never matches a name).
     """
+    lines: dict[JsonPath, int] = {}
+    key_lines: dict[JsonPath, int] = {}
     try:
         loader = yaml.SafeLoader(text)
         try:
             node = loader.get_single_node()
+            # Walked before construction: constructing flattens `<<` merges into the
+            # mapping, and a key that overrides a merged one (as YAML allows) would then
+            # look like a duplicate.
+            if node is not None:
+                try:
+                    problem = _walk(node, (), lines, key_lines, [0])
+                except RecursionError:
+                    problem = (1, "nested too deeply (hundreds of levels)")
+                if problem is not None:
+                    line, message = problem
+                    raise error(message, where=f"{filename}:{line}")
             data = loader.construct_document(node) if node is not None else None
         finally:
             loader.dispose()
@@ -52,16 +65,6 @@ def load_yaml(text: str, filename: str, error: type[WinmlError]) -> LoadedYaml:
         line = mark.line + 1 if mark else 1
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise error(f"invalid YAML: {problem}", where=f"{filename}:{line}") from None
-    lines: dict[JsonPath, int] = {}
-    key_lines: dict[JsonPath, int] = {}
-    if node is not None:
-        try:
-            problem = _walk(node, (), lines, key_lines, [0])
-        except RecursionError:
-            problem = (1, "nested too deeply (hundreds of levels)")
-        if problem is not None:
-            line, message = problem
-            raise error(message, where=f"{filename}:{line}")
     return LoadedYaml(data, lines, key_lines, text)
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jsonschema
 import numpy as np
 import onnx
 
-from tests.conftest import RECIPES, REPO, cli_subprocess
+from tests.conftest import RECIPES, REPO, cli, cli_subprocess, make_mlp_project
 from winml_recipes import api
 
 
@@ -126,3 +127,65 @@ def test_builds_without_fcntl(tmp_path) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["cpu-fp32"]
+
+
+def test_over_budget_stops_before_any_step_runs(tmp_path: Path, monkeypatch) -> None:
+    recipe = make_mlp_project(tmp_path / "p", steps="[normalize, quantize, verify]")
+    recipe.write_text(recipe.read_text().replace("npu, precision: fp32", "cpu, precision: int8"))
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("WINML_RECIPES_CACHE", str(cache))
+    result = cli(
+        "build", recipe, "--device", "cpu", "--precision", "int8", "-o", tmp_path / "out",
+        "--memory-budget", "100MB",
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    # The first step to run is checked from the source on disk, before anything is written.
+    assert lines[0].startswith("error: model/normalize: needs about 0.4 GB"), lines
+    assert "over the memory budget of 0.1 GB" in lines[0]
+    assert not (tmp_path / "out").exists()
+    assert not cache.exists() or not any(cache.rglob("*.onnx"))
+
+
+def test_each_encoder_forward_is_done_once(tiny_build, tmp_path: Path) -> None:
+    """The decoder calibrates on the embeddings the encoder's calibration computed, and is
+    verified on those its verification computed: the manifest counts both."""
+    npu = api.build(
+        RECIPES / "sam3-tiny.yaml", device="npu", precision="w8a16", output_root=tmp_path
+    )
+    enc = {s["pass"]: s for s in npu.manifest["components"]["vision_encoder"]["steps"]}
+    dec = {s["pass"]: s for s in npu.manifest["components"]["prompt_encoder_mask_decoder"]["steps"]}
+    encoder_images = enc["quantize"]["metrics"]["calibration_samples"]
+    decoder_images = dec["quantize"]["metrics"]["calibration_samples"]  # one image each
+    assert encoder_images < decoder_images
+    forwards = dec["quantize"]["metrics"]["upstream_forwards"]
+    assert forwards == {"reused": encoder_images, "computed": decoder_images - encoder_images}
+    verified = dec["verify"]["metrics"]["upstream_forwards"]
+    assert verified == {"reused": enc["verify"]["metrics"]["samples"], "computed": 0}
+
+
+def test_outputs_with_external_data_load_with_onnx(tmp_path: Path) -> None:
+    """onnx refuses external data with several hard links; the output's sidecar is a copy."""
+    recipe = make_mlp_project(tmp_path / "p", steps="[fix_shapes]")
+    source = tmp_path / "p" / "catalog" / "mlp.onnx"
+    model = onnx.load(str(source))
+    for value in (*model.graph.input, *model.graph.output):  # static: fix_shapes is skipped
+        value.type.tensor_type.shape.dim[0].dim_value = 2
+    # Named like our outputs, so the output is the source file's copy (not a rewrite).
+    onnx.save_model(
+        model,
+        str(source.with_name("model.onnx")),
+        save_as_external_data=True,
+        location="model.onnx_data",
+        size_threshold=0,
+    )
+    catalog = source.with_name("mlp.yaml")
+    catalog.write_text(catalog.read_text().replace("./mlp.onnx", "./model.onnx"))
+    for out in ("a", "b"):  # a fresh build, then one served from the cache
+        built = api.build(recipe, output_root=tmp_path / out, cache_dir=tmp_path / "cache")
+        model = built.models["model"]
+        sidecar = model.with_name("model.onnx_data")
+        assert sidecar.stat().st_nlink == 1
+        loaded = onnx.load(str(model))  # raises on a linked sidecar
+        assert {t.name for t in loaded.graph.initializer} == {"w1", "b1", "w2"}

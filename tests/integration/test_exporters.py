@@ -15,7 +15,7 @@ import pytest
 from winml_recipes.errors import SourceError
 from winml_recipes.exporters import FAMILIES, ExportRequest, export_model
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.export
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -1,5 +1,6 @@
-"""The SAM 3 recipe end to end against a local Hub: int8 QOperator files (one with an
-.onnx_data sidecar) under the real repo and paths, requantized for the NPU."""
+"""The SAM 3 recipe end to end against a local Hub serving the published layout: float32
+files (the encoder's weights in an .onnx_data sidecar) and int8 QOperator files, under the
+real repo and paths, built for the NPU from either source."""
 
 from __future__ import annotations
 
@@ -15,15 +16,31 @@ from tests.hubserver import LocalHub, local_hub, point_hf_at  # noqa: F401  (fix
 from winml_recipes import api
 
 REPO_ID = "onnx-community/sam3-tracker-ONNX"
+FLOAT = {
+    "vision_encoder": "onnx/vision_encoder.onnx",
+    "prompt_encoder_mask_decoder": "onnx/prompt_encoder_mask_decoder.onnx",
+}
 FILES = {
     "vision_encoder": "onnx/vision_encoder_int8.onnx",
     "prompt_encoder_mask_decoder": "onnx/prompt_encoder_mask_decoder_int8.onnx",
 }
 
 
+def _with_sidecar(model: onnx.ModelProto, target: Path, out: dict[str, bytes], path: str) -> None:
+    onnx.save_model(
+        model,
+        str(target),
+        save_as_external_data=True,
+        location=target.name + "_data",
+        size_threshold=1024,
+    )
+    out[path + "_data"] = (target.parent / (target.name + "_data")).read_bytes()
+    out[path] = target.read_bytes()
+
+
 @pytest.fixture(scope="module")
 def int8_files(tmp_path_factory, tiny_build) -> dict[str, bytes]:
-    """sam3-tiny quantized like the published files; the encoder's weights in a sidecar."""
+    """sam3-tiny as published: float32 and quantized; the encoders' weights in sidecars."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     root = tmp_path_factory.mktemp("int8")
@@ -34,15 +51,15 @@ def int8_files(tmp_path_factory, tiny_build) -> dict[str, bytes]:
         if comp == "vision_encoder":
             model = onnx.load(str(target))
             target.unlink()
-            onnx.save_model(
-                model,
-                str(target),
-                save_as_external_data=True,
-                location=target.name + "_data",
-                size_threshold=1024,
-            )
-            out[path + "_data"] = (root / (target.name + "_data")).read_bytes()
-        out[path] = target.read_bytes()
+            _with_sidecar(model, target, out, path)
+        else:
+            out[path] = target.read_bytes()
+        float_path = FLOAT[comp]
+        model = onnx.load(str(tiny_build.models[comp]))
+        if comp == "vision_encoder":
+            _with_sidecar(model, root / Path(float_path).name, out, float_path)
+        else:
+            out[float_path] = model.SerializeToString()
     return out
 
 
@@ -69,7 +86,7 @@ def tiny_hub_catalog(tmp_path: Path) -> Path:
     return directory
 
 
-def _build(catalog: Path, out: Path):
+def _build(catalog: Path, out: Path, source: str | None = "int8"):
     return api.build(
         RECIPES / "sam3.yaml",
         defines={"model": "sam3-hub-tiny"},
@@ -77,6 +94,7 @@ def _build(catalog: Path, out: Path):
         device="npu",
         precision="w8a16",
         output_root=out,
+        source=source,
     )
 
 
@@ -84,7 +102,7 @@ def test_hub_ls_lists_both_files_and_the_sidecar(hub: LocalHub) -> None:
     result = cli("hub", "ls", REPO_ID, "--json")
     assert result.exit_code == 0, result.stderr
     rows = {r["path"]: r for r in json.loads(result.stdout)}
-    assert set(rows) == set(FILES.values())
+    assert set(rows) == set(FILES.values()) | set(FLOAT.values())
     vision = rows[FILES["vision_encoder"]]
     assert list(vision["sidecars"]) == [FILES["vision_encoder"] + "_data"]
     assert vision["commit"] == hub.commit(REPO_ID)
@@ -139,3 +157,31 @@ def test_hub_down_is_one_line_and_writes_nothing(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot reach" in lines[0] and REPO_ID in lines[0], lines
     assert not (tmp_path / "out").exists()
+
+
+def test_sam3_builds_from_the_float_source_by_default(
+    hub: LocalHub, tiny_hub_catalog: Path, tiny_build, tmp_path: Path
+) -> None:
+    """Requantized from the published float32 graphs; verified against them, not against
+    a dequantized int8 graph."""
+    built = _build(tiny_hub_catalog, tmp_path / "a", source=None)
+    assert built.manifest["source"] == "fp32"
+    for comp, path in FLOAT.items():
+        record = built.manifest["components"][comp]
+        assert record["source"]["ref"] == f"{REPO_ID}@main/{path}"
+        steps = {s["pass"]: s for s in record["steps"]}
+        assert steps["dequantize"]["status"] == "skipped"
+        assert steps["verify"]["status"] in ("ran", "cached")
+    sqnr = sqnr_against_float_sam3(tiny_build.models, built.models)
+    print("hub-built (fp32 source) w8a16 vs float sam3-tiny:", sqnr)
+    assert min(sqnr[f"image_embeddings.{i}"] for i in range(3)) >= 28, sqnr
+    assert sqnr["iou_scores"] >= 30 and sqnr["pred_masks"] >= 20, sqnr
+
+
+def test_unknown_source_is_one_line(hub: LocalHub, tiny_hub_catalog: Path, tmp_path) -> None:
+    result = cli(
+        "build", RECIPES / "sam3.yaml", "-D", "model=sam3-hub-tiny", "--catalog",
+        tiny_hub_catalog, "--source", "fp16", "-o", tmp_path / "out",
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert result.stderr.strip() == ("error: --source: unknown source 'fp16'; known: fp32, int8")

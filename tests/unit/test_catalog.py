@@ -70,9 +70,14 @@ def test_repo_catalog_entries_load() -> None:
     dec = tiny.components["prompt_encoder_mask_decoder"]
     assert dec.source["config"] == enc.source["config"]
     sam3 = load_entry("sam3", CATALOG)
+    # The float32 graphs are the default source; the int8 ones are a named alternative.
     assert sam3.components["vision_encoder"].source["ref"] == (
+        "onnx-community/sam3-tracker-ONNX/onnx/vision_encoder.onnx"
+    )
+    assert sam3.components["vision_encoder"].sources["int8"]["ref"] == (
         "onnx-community/sam3-tracker-ONNX/onnx/vision_encoder_int8.onnx"
     )
+    assert sam3.source_names == ["fp32", "int8"]
 
 
 def test_good_entry(tmp_path: Path) -> None:

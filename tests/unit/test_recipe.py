@@ -484,7 +484,7 @@ def test_recipe_not_found(project: Path) -> None:
             "zzz: 1\n",
             7,
             "$: unknown key 'zzz'; allowed: schema_version, name, description, model, seed, "
-            "targets, steps, dims, components",
+            "source, targets, steps, dims, components",
         ),
         (
             "steps: [normalise]\n",
@@ -768,3 +768,29 @@ def test_partial_that_is_not_utf8(project: Path) -> None:
     (project / "recipes" / "_partials" / "bad.yaml").write_bytes(b"\xff\xfe\x00bad")
     path = write(project, HEAD + "description: {% include 'bad.yaml' %}\n")
     assert "include 'bad.yaml' is not UTF-8 text (byte 0)" in error(path)
+
+
+def test_named_sources_pick_and_refuse() -> None:
+    sam3 = load_recipe(RECIPES / "sam3.yaml")
+    assert sam3.source == "fp32"  # the first listed
+    assert load_recipe(RECIPES / "sam3.yaml", source="int8").source == "int8"
+    ref = sam3.catalog.components["vision_encoder"].pick_source("int8")[0]["ref"]
+    assert ref.endswith("/onnx/vision_encoder_int8.onnx")
+    with pytest.raises(RecipeError, match="one source per component"):
+        load_recipe(RECIPES / "sam3-tiny.yaml", source="int8")
+
+
+def test_a_component_has_source_or_sources_not_both(tmp_path: Path) -> None:
+    from winml_recipes.catalog import load_entry
+    from winml_recipes.errors import CatalogError
+
+    text = (CATALOG / "sam3.yaml").read_text()
+    both = text.replace(
+        "    sources:\n      fp32: {ref: onnx-community/sam3-tracker-ONNX/onnx/vision_encoder.onnx",
+        "    source: {ref: x.onnx}\n    sources:\n"
+        "      fp32: {ref: onnx-community/sam3-tracker-ONNX/onnx/vision_encoder.onnx",
+    )
+    assert both != text
+    (tmp_path / "sam3.yaml").write_text(both)
+    with pytest.raises(CatalogError):
+        load_entry("sam3", tmp_path)

@@ -48,6 +48,17 @@ class Plan:
     target: Target
     components: list[ComponentPlan]  # in build order (dependencies first)
 
+    @property
+    def feeding(self) -> set[str]:
+        """Components whose outputs another component's steps read (inputs_from)."""
+        return {
+            dep
+            for c in self.components
+            for s in c.steps
+            if not s.skip
+            for dep in s.impl.depends_on(s.options)
+        }
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "recipe": self.recipe.name,
@@ -98,7 +109,7 @@ def _plan_component(
 ) -> ComponentPlan:
     target = recipe.target
     comp = recipe.catalog.components[cname]
-    source = resolve_source(recipe.catalog, comp, fetch=fetch)
+    source = resolve_source(recipe.catalog, comp, fetch=fetch, name=recipe.source)
     contract = replace(comp.contract, dims={**comp.contract.dims, **recipe.dims[cname]})
     facts = source_facts(source)
     plan = ComponentPlan(cname, source, contract, facts)

@@ -8,6 +8,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar
 
+from winml_recipes.engine.budget import EstimateInputs, MemoryEstimate
 from winml_recipes.engine.types import ModelFacts, PlanContext, StepContext, StepResult
 from winml_recipes.errors import PlanError, check_known
 from winml_recipes.presets import Target
@@ -58,6 +59,16 @@ class Pass(ABC):
 
     def key_material(self, options: dict[str, Any], ctx: StepContext) -> Any:
         """Extra cache-key material (e.g. digests of data files the options point to)."""
+        return None
+
+    def estimate_memory(
+        self, src: Path, options: dict[str, Any], inputs: EstimateInputs
+    ) -> MemoryEstimate | None:
+        """Expected peak memory of this step on input `src` (None: no estimate).
+
+        Checked against the build's memory budget before the step runs. Build it with
+        `engine.budget.forward_estimate` / `rewrite_estimate`.
+        """
         return None
 
     def facts_after(self, facts: ModelFacts, options: dict[str, Any]) -> ModelFacts:

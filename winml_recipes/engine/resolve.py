@@ -16,13 +16,18 @@ def canonical_json(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def resolve_source(entry: CatalogEntry, component: Component, *, fetch: bool = True) -> Source:
-    """Turn a component's catalog `source` into a `Source`; local files must exist.
+def resolve_source(
+    entry: CatalogEntry, component: Component, *, fetch: bool = True, name: str | None = None
+) -> Source:
+    """Turn a component's catalog source (its named source `name`, if it offers several)
+    into a `Source`; local files must exist.
 
     With fetch=False (validation) Hub files are classified but not downloaded.
     """
-    spec = component.source
-    where = f"{entry.path}: components.{component.name}.source"
+    spec, picked = component.pick_source(name)
+    where = f"{entry.path}: components.{component.name}." + (
+        f"sources.{picked}" if picked else "source"
+    )
     if "config" in spec:
         family = _family(entry, where)
         export = {

@@ -56,6 +56,7 @@ class _State:
     reference_digest: str | None
     artifacts: list[Path] = field(default_factory=list)  # shipped beside the model
     ship_model: bool = True
+    calibrated: tuple[Path, str] | None = None  # the float model a calibration ran
 
 
 def output_dir_for(plan: Plan, root: Path) -> Path:
@@ -69,10 +70,20 @@ def run_plan(
     cache: StepCache | None = None,
     reporter: Reporter | None = None,
     wait_seconds: float = 600.0,
+    memory_budget: str | float | None = None,
 ) -> BuildResult:
-    """Build every component; the output directory changes only when all steps succeed."""
+    """Build every component; the output directory changes only when all steps succeed.
+
+    `memory_budget` (MB, or "12GB"; default: $WINML_RECIPES_MEMORY_BUDGET, else physical
+    memory minus headroom): every step whose estimate exceeds it stops the build before
+    anything runs (sources on disk) or before the step starts (models made by the build).
+    """
+    from winml_recipes.engine.budget import resolve_budget
+
     cache = cache or StepCache()
     reporter = reporter or Reporter()
+    budget_mb = resolve_budget(memory_budget)
+    _check_sources_fit(plan, budget_mb)
     out_dir = output_dir_for(plan, output_root)
     with exclusive(
         lock_path_for(out_dir), out_dir, wait_seconds=wait_seconds, on_wait=reporter.message
@@ -87,7 +98,7 @@ def run_plan(
             built: dict[str, UpstreamComponent] = {}
             for comp in plan.components:
                 components[comp.name], models[comp.name], built[comp.name] = _build_component(
-                    comp, plan, staging, cache, reporter, built
+                    comp, plan, staging, cache, reporter, built, budget_mb
                 )
             order = [c.name for c in plan.recipe.catalog.components.values()]
             components = {n: components[n] for n in order if n in components}
@@ -179,6 +190,38 @@ def _interrupts_held() -> Iterator[None]:
             signal.raise_signal(signum)  # delivered now, to the handler that was in place
 
 
+def _check_sources_fit(plan: Plan, budget_mb: float) -> None:
+    """Estimate every step of components whose source model is on disk, before any runs.
+
+    The source stands in for each step's input (later models are its rewrites or smaller
+    quantized versions of it), so the estimate errs high, never low.
+    """
+    from winml_recipes.engine.budget import EstimateInputs, check_fits
+
+    on_disk = {
+        c.name: (c.source.path, c.contract)
+        for c in plan.components
+        if c.source.path is not None and c.facts.is_onnx
+    }
+    for comp in plan.components:
+        if comp.name not in on_disk:
+            continue
+        path = on_disk[comp.name][0]
+        for step in comp.steps:
+            if step.skip:
+                continue
+            deps = step.impl.depends_on(step.options)
+            inputs = EstimateInputs(
+                plan.target,
+                comp.contract,
+                path if comp.facts.has_reference else None,
+                {d: on_disk[d] for d in deps if d in on_disk},
+            )
+            estimate = step.impl.estimate_memory(path, dict(step.options), inputs)
+            if estimate is not None:
+                check_fits(estimate, budget_mb, f"{comp.name}/{step.name}")
+
+
 def _build_component(
     comp: ComponentPlan,
     plan: Plan,
@@ -186,6 +229,7 @@ def _build_component(
     cache: StepCache,
     reporter: Reporter,
     built: dict[str, UpstreamComponent],
+    budget_mb: float,
 ) -> tuple[dict[str, Any], Path, UpstreamComponent | None]:
     from winml_recipes.onnx.io import artifact_sha256
 
@@ -199,7 +243,10 @@ def _build_component(
     records = []
     for step in comp.steps:
         reporter.step_started(comp.name, step)
-        record = _run_step(comp, step, plan, staging, cache, state, built, reporter)
+        if not step.skip and step.impl.calibration_of(step.options) is not None:
+            assert state.model is not None
+            state.calibrated = (state.model, state.digest)
+        record = _run_step(comp, step, plan, staging, cache, state, built, budget_mb, reporter)
         records.append(record)
         reporter.step_finished(comp.name, step, record)
     if state.model is None:
@@ -233,7 +280,12 @@ def _build_component(
             (c for s in comp.steps if (c := s.impl.calibration_of(s.options)) is not None), None
         )
         upstream = UpstreamComponent(
-            comp.name, state.reference, state.reference_digest, comp.contract, calibration
+            comp.name,
+            state.reference,
+            state.reference_digest,
+            comp.contract,
+            calibration,
+            *(state.calibrated or (None, None)),
         )
     record = {"source": src.to_manifest(), "steps": records, "artifact": artifact}
     return record, final_model, upstream
@@ -253,6 +305,7 @@ def _run_step(
     cache: StepCache,
     state: _State,
     built: dict[str, UpstreamComponent | None],
+    budget_mb: float,
     reporter: Reporter | None = None,
 ) -> dict[str, Any]:
     from winml_recipes.onnx.io import artifact_sha256
@@ -285,6 +338,9 @@ def _run_step(
         source=comp.source,
         reference=state.reference,
         work_dir=work / "scratch",
+        input_digest=state.digest,
+        reference_digest=state.reference_digest,
+        feeds_downstream=comp.name in plan.feeding,
         recipe_dir=plan.recipe.path.parent,
         seed=plan.recipe.seed,
         upstream=upstream,
@@ -307,6 +363,7 @@ def _run_step(
         upstream={
             n: {
                 "model": u.digest,
+                "calibrated": u.calibrated_digest,
                 "contract": _contract_key(u.contract),
                 "calibration": u.calibration,
             }
@@ -325,6 +382,13 @@ def _run_step(
         ship_model = bool(entry.result.get("ship_model", True))
     else:
         status = "ran"
+        if state.model is not None:
+            estimate = _estimate(impl, step, state, comp, plan, upstream)
+            if estimate is not None:
+                from winml_recipes.engine.budget import check_fits
+
+                record["memory_estimate_mb"] = round(estimate.mb)
+                check_fits(estimate, budget_mb, f"{comp.name}/{step.name}")
         out = work / "out"
         out.mkdir(parents=True)
         (work / "scratch").mkdir()
@@ -392,6 +456,19 @@ def _run_step(
     return record
 
 
+def _estimate(impl, step: PlannedStep, state: _State, comp: ComponentPlan, plan: Plan, upstream):
+    from winml_recipes.engine.budget import EstimateInputs
+
+    assert state.model is not None
+    inputs = EstimateInputs(
+        plan.target,
+        comp.contract,
+        state.reference,
+        {n: (u.for_calibration()[0], u.contract) for n, u in upstream.items()},
+    )
+    return impl.estimate_memory(state.model, dict(step.options), inputs)
+
+
 def _contract_key(comp: ComponentPlan | IOContract) -> Any:
     c = comp.contract if isinstance(comp, ComponentPlan) else comp
     return {
@@ -402,14 +479,20 @@ def _contract_key(comp: ComponentPlan | IOContract) -> Any:
 
 
 def _copy_model(src: Path, dst: Path) -> None:
-    from winml_recipes.onnx.io import sidecar_paths
+    """The graph file hard-linked (or copied), its external data always copied: onnx
+    refuses to load external data files with more than one link ("potential hardlink
+    attack"), so a linked sidecar would make the output unloadable for onnx users."""
+    from winml_recipes.onnx.io import load_model, save_model, sidecar_paths
 
+    sidecars = sidecar_paths(src)
+    target = dst.parent / f"{dst.name}_data"
+    if any(side.name != target.name for side in sidecars):
+        # A source no step rewrote, with its exporter's sidecar names: our layout instead.
+        save_model(load_model(src), dst)
+        return
     _link_or_copy(src, dst)
-    for side in sidecar_paths(src):
-        target = dst.parent / f"{dst.name}_data"
-        if side.name != target.name:
-            raise InternalError(f"unexpected sidecar name {side.name} for {src}")
-        _link_or_copy(side, target)
+    for side in sidecars:
+        shutil.copyfile(side, target)
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -443,6 +526,7 @@ def _manifest(plan: Plan, components: dict[str, Any], wall: float) -> dict[str, 
             "variables": r.variables,
         },
         "model": r.model,
+        **({"source": r.source} if r.source else {}),
         "target": {"device": plan.target.device, "precision": plan.target.precision},
         "wall_seconds": round(wall, 3),
         "components": components,

@@ -63,6 +63,16 @@ class UpstreamComponent:
     digest: str
     contract: IOContract
     calibration: Mapping[str, Any] | None  # its own calibration options, when it has some
+    # The float model its own calibration ran (after normalize, fix_shapes, ...): feeding
+    # a downstream calibration from it reuses the outputs that calibration stored.
+    calibrated_model: Path | None = None
+    calibrated_digest: str | None = None
+
+    def for_calibration(self) -> tuple[Path, str]:
+        """(model, digest) that produces a downstream component's calibration inputs."""
+        if self.calibrated_model is not None and self.calibrated_digest is not None:
+            return self.calibrated_model, self.calibrated_digest
+        return self.model, self.digest
 
 
 @dataclass(frozen=True)
@@ -87,6 +97,10 @@ class StepContext:
     source: Source
     reference: Path | None  # the component's float reference model, when one exists
     work_dir: Path  # scratch space, removed after the step
+    input_digest: str = ""  # content digest of the step's input model
+    reference_digest: str | None = None
+    # Another component feeds on this one's outputs (inputs_from): worth storing them.
+    feeds_downstream: bool = False
     recipe_dir: Path = Path(".")
     seed: int = 0
     upstream: Mapping[str, UpstreamComponent] = field(default_factory=dict)

@@ -10,13 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from winml_recipes.engine.budget import RewritesGraph
 from winml_recipes.engine.registry import Pass, model_file, register
 from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
 from winml_recipes.presets import Target
 
 
 @register
-class DequantizePass(Pass):
+class DequantizePass(RewritesGraph, Pass):
     name = "dequantize"
     version = 1
     summary = "Rewrite a quantized graph (QDQ, QOperator, dynamic, MatMulNBits) into float."

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from winml_recipes.engine.budget import RewritesGraph
 from winml_recipes.engine.registry import Pass, model_file, register
 from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
 from winml_recipes.errors import PassError
@@ -12,7 +13,7 @@ from winml_recipes.presets import Target
 
 
 @register
-class FixShapesPass(Pass):
+class FixShapesPass(RewritesGraph, Pass):
     name = "fix_shapes"
     version = 2
     summary = "Make dynamic dims static (values from the catalog dims, overridable here)."

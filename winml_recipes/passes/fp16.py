@@ -9,13 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from winml_recipes.engine.budget import RewritesGraph
 from winml_recipes.engine.registry import Pass, model_file, register
 from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
 from winml_recipes.presets import Target, precisions_of_kind
 
 
 @register
-class Fp16Pass(Pass):
+class Fp16Pass(RewritesGraph, Pass):
     name = "fp16"
     version = 1
     summary = "Convert to float16 (float32 inputs/outputs kept; op and node block lists)."

@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from winml_recipes import __version__
+from winml_recipes.engine.budget import RewritesGraph
 from winml_recipes.engine.registry import Pass, model_file, register
 from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
 from winml_recipes.presets import Target
 
 
 @register
-class NormalizePass(Pass):
+class NormalizePass(RewritesGraph, Pass):
     name = "normalize"
     version = 3
     target_dependent = False

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from winml_recipes.engine.registry import Pass, check_component, model_file, register
 from winml_recipes.engine.types import ModelFacts, PlanContext, StepContext, StepResult
 from winml_recipes.presets import Target, precisions_of_kind
 from winml_recipes.quant.config import QUANTIZE_OPTIONS_SCHEMA, QuantConfig, resolve
+
+if TYPE_CHECKING:
+    from winml_recipes.engine.budget import EstimateInputs, MemoryEstimate
 
 MATMUL_CONV = ("MatMul", "Conv", "Gemm", "ConvTranspose")
 # Automatic mixed precision scores candidates on samples calibration never saw.
@@ -60,6 +63,37 @@ class QuantizePass(Pass):
             return data
         # Automatic mixed precision scores candidates on the target's EP where it loads.
         return {"data": data, "scored_on": identity(provider_for_device(ctx.target.device).key)}
+
+    def estimate_memory(
+        self, src: Path, options: dict[str, Any], inputs: EstimateInputs
+    ) -> MemoryEstimate | None:
+        from winml_recipes.engine.budget import (
+            RUNTIME_MB,
+            MemoryEstimate,
+            forward_estimate,
+            larger,
+            rewrite_estimate,
+        )
+
+        cfg = resolve(options, inputs.target)
+        insertion = rewrite_estimate(src, "QDQ insertion")
+        if cfg.calibration is None:
+            return insertion
+        calibration = forward_estimate(src, inputs.contract, "calibration forward")
+        for name, (model, up_contract) in inputs.upstream.items():
+            # On a store miss the upstream model runs beside the calibration session.
+            up = forward_estimate(model, up_contract, f"{name} forward")
+            calibration = MemoryEstimate(
+                calibration.mb + up.mb - RUNTIME_MB, f"{calibration.made_of}; {up.made_of}"
+            )
+        best = larger(calibration, insertion)
+        assert best is not None
+        return MemoryEstimate(
+            best.mb,
+            best.made_of,
+            "calibration memory does not grow with the sample count; a smaller model or "
+            "input shape (catalog dims) lowers it",
+        )
 
     def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
         if facts.quantized:
@@ -112,7 +146,7 @@ def _dynamic(src: Path, out: Path, cfg: QuantConfig, exclude: list[str]) -> Step
 def _static(
     src: Path, out: Path, cfg: QuantConfig, exclude: list[str], ctx: StepContext
 ) -> StepResult:
-    from winml_recipes.feeds import feeds_for
+    from winml_recipes.feeds import UpstreamFeeds, feeds_for
     from winml_recipes.onnx.io import load_model
     from winml_recipes.quant.calibrate import (
         CalibrationSettings,
@@ -129,7 +163,14 @@ def _static(
     cal_options = {k: v for k, v in vars(cal).items() if v is not None}
     seed = cal.seed + ctx.seed  # the recipe's seed shifts every step's seed
     feeds = feeds_for(
-        cal_options, ctx.contract, ctx.recipe_dir, ctx.upstream, cal.samples, seed, ctx.store
+        cal_options,
+        ctx.contract,
+        ctx.recipe_dir,
+        ctx.upstream,
+        cal.samples,
+        seed,
+        ctx.store,
+        for_calibration=True,
     )
     model = load_model(src)
     dropped: list[str] = []
@@ -152,7 +193,20 @@ def _static(
     )
     started = time.perf_counter()
     counted = _Counted(feeds, lambda seen: ctx.progress("calibration samples", seen, cal.samples))
-    ranges = calibrate(src, counted, settings, tensors=tensors, work_dir=ctx.work_dir)
+    keep = None
+    if ctx.store is not None and ctx.feeds_downstream:
+        from winml_recipes.feeds import store_outputs
+
+        store = ctx.store
+
+        # The float model's outputs for these samples are what a downstream component
+        # calibrates on (inputs_from): kept under the digest of this step's input model.
+        def keep(feed, outputs):
+            store_outputs(store, ctx.input_digest, feed, outputs)
+
+    ranges = calibrate(
+        src, counted, settings, tensors=tensors, work_dir=ctx.work_dir, on_outputs=keep
+    )
     calibration_seconds = time.perf_counter() - started
     shared: list[list[str]] = []
     if cfg.qnn:
@@ -179,6 +233,8 @@ def _static(
         "zero_constant_nodes_bypassed": dropped,
         "htp_rewrites": rewrites,
     }
+    if isinstance(feeds, UpstreamFeeds):
+        metrics["upstream_forwards"] = {"computed": feeds.computed, "reused": feeds.reused}
     if cfg.auto is not None:
         from winml_recipes.quant.auto import promote
 
@@ -190,6 +246,7 @@ def _static(
             cfg.auto["samples"],
             seed + HELD_OUT_SEED_OFFSET,
             ctx.store,
+            for_calibration=True,
         )
         metrics["mixed_precision_auto"] = promote(
             src, out, cfg, ranges_path, overrides, exclude, held_out, ctx, shared

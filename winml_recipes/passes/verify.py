@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from winml_recipes.engine.registry import Pass, check_component, register
 from winml_recipes.engine.types import ModelFacts, PlanContext, StepContext, StepResult
 from winml_recipes.errors import PassError
 from winml_recipes.presets import Target
+
+if TYPE_CHECKING:
+    from winml_recipes.engine.budget import EstimateInputs, MemoryEstimate
 
 _THRESHOLDS = {
     "min_sqnr_db": {"type": "number", "description": "Minimum SQNR in dB."},
@@ -84,6 +88,26 @@ class VerifyPass(Pass):
             return "no float reference to compare with (the source is quantized: add dequantize)"
         return None
 
+    def estimate_memory(
+        self, src: Path, options: dict[str, Any], inputs: EstimateInputs
+    ) -> MemoryEstimate | None:
+        from winml_recipes.engine.budget import forward_estimate, larger
+
+        # Upstream, reference and candidate sessions run one after another.
+        phases = [forward_estimate(src, inputs.contract, "candidate forward")]
+        if inputs.reference is not None:
+            phases.append(forward_estimate(inputs.reference, inputs.contract, "reference forward"))
+        for name, (model, contract) in inputs.upstream.items():
+            phases.append(forward_estimate(model, contract, f"{name} forward"))
+        best = larger(*phases)
+        if best is not None and inputs.target.device == "npu":
+            best = replace(
+                best,
+                made_of=best.made_of + " (QNN HTP graph preparation is not estimated: the "
+                "1008 px SAM 3 encoder needed more than 24 GB)",
+            )
+        return best
+
     def check(self, options: dict[str, Any], ctx: PlanContext) -> None:
         import difflib
 
@@ -119,7 +143,7 @@ class VerifyPass(Pass):
     def run(
         self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
     ) -> StepResult:
-        from winml_recipes.feeds import feeds_for, take
+        from winml_recipes.feeds import UpstreamFeeds, feeds_for, outputs_for, take
         from winml_recipes.onnx.metrics import compare_runs
         from winml_recipes.runtime.sessions import run_model
         from winml_recipes.runtime.target import run_on_target
@@ -127,6 +151,13 @@ class VerifyPass(Pass):
         assert src is not None
         if ctx.reference is None:
             raise PassError("no float reference to compare with")
+        if ctx.reference_digest and ctx.input_digest == ctx.reference_digest:
+            # Comparing a model with itself would report a perfect score whatever happened.
+            return StepResult(
+                None,
+                skipped="the model to verify is its float reference (no step changed it); "
+                "there is nothing to compare",
+            )
         contract = ctx.contract
         # Verification seeds differ from calibration seeds: quality is measured on unseen data.
         seed = options["seed"] + ctx.seed + 7919
@@ -135,7 +166,10 @@ class VerifyPass(Pass):
             source, contract, ctx.recipe_dir, ctx.upstream, options["samples"], seed, ctx.store
         )
         feeds = take(factory, options["samples"])
-        reference = run_model(ctx.reference, feeds)
+        # An upstream component's reference outputs are kept for its downstream's verify.
+        reference = outputs_for(
+            ctx.reference, ctx.reference_digest, feeds, ctx.store, keep=ctx.feeds_downstream
+        )
         samples = len(feeds)
         target = run_on_target(
             src,
@@ -147,6 +181,8 @@ class VerifyPass(Pass):
         _check_output_shapes(target.outputs[0], ctx)
         metrics = compare_runs(reference, target.outputs)
         record: dict[str, Any] = {"samples": options["samples"], **target.record}
+        if isinstance(factory, UpstreamFeeds):
+            record["upstream_forwards"] = {"computed": factory.computed, "reused": factory.reused}
         if options["compare_simulation"] and target.verified_on not in ("cpu", "cpu-simulation"):
             simulated = compare_runs(reference, run_model(src, feeds))
             record["cpu_simulation"] = {"outputs": simulated}

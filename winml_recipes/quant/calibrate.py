@@ -273,7 +273,10 @@ def _fresh_name(base: str, taken: set[str]) -> str:
 
 
 def _minmax_model(
-    model: onnx.ModelProto, tensors: Sequence[str], infos: Mapping[str, onnx.ValueInfoProto]
+    model: onnx.ModelProto,
+    tensors: Sequence[str],
+    infos: Mapping[str, onnx.ValueInfoProto],
+    keep_outputs: bool = False,
 ) -> tuple[onnx.ModelProto, list[tuple[str, str]]]:
     """A copy with ReduceMin/ReduceMax(keepdims=1, all axes) outputs for each tensor.
 
@@ -289,6 +292,7 @@ def _minmax_model(
     taken = {n.name for n in aug.graph.node}
     taken |= {o for n in aug.graph.node for o in n.output}
     taken |= {t.name for t in aug.graph.input} | {t.name for t in aug.graph.initializer}
+    kept = list(aug.graph.output) if keep_outputs else []
     del aug.graph.output[:]
     reducers: dict[str, list[onnx.NodeProto]] = {}
     pairs = []
@@ -314,6 +318,7 @@ def _minmax_model(
         ordered += rest
     del aug.graph.node[:]
     aug.graph.node.extend(ordered)
+    aug.graph.output.extend(kept)  # after the reductions: outputs are asked for by name
     return aug, pairs
 
 
@@ -493,6 +498,7 @@ def calibrate(
     settings: CalibrationSettings,
     tensors: Sequence[str] | None = None,
     work_dir: Path | None = None,
+    on_outputs: Callable[[dict, dict[str, np.ndarray]], None] | None = None,
 ) -> dict[str, tuple[float, float]]:
     """{tensor: (low, high)} for the float activations of `model_path`, as python floats.
 
@@ -511,6 +517,9 @@ def calibrate(
 
     `tensors` defaults to `tensors_to_calibrate(model)`. Augmented models are written to
     `work_dir` (a temporary directory when None). Bad feeds raise `PassError`.
+    `on_outputs(feed, outputs)` receives the model's own outputs for each sample of the
+    first pass, computed by the same forward pass (a downstream component's calibration
+    then needs no second forward of this model).
     """
     settings.validate()
     model_path = Path(model_path)
@@ -537,13 +546,18 @@ def calibrate(
 
     with tempfile.TemporaryDirectory(prefix="calibrate-") as tmp:
         out_dir = Path(work_dir) if work_dir is not None else Path(tmp)
-        aug, pairs = _minmax_model(model, names, infos)
+        own = [o.name for o in model.graph.output] if on_outputs is not None else []
+        aug, pairs = _minmax_model(model, names, infos, keep_outputs=bool(own))
         session = _session(aug, out_dir / "calibrate-minmax.onnx", weights_dir)
         del aug
         lows = np.full(len(names), np.inf)
         highs = np.full(len(names), -np.inf)
         order = [o for pair in pairs for o in pair]
-        for feed, values in _stream(session, order, feeds, where):
+        for feed, values in _stream(session, order + own, feeds, where):
+            if own:
+                assert on_outputs is not None
+                on_outputs(feed, dict(zip(own, values[len(order) :], strict=True)))
+            values = values[: len(order)]
             mins = np.array([np.min(v) if v.size else np.inf for v in values[0::2]], np.float64)
             maxs = np.array([np.max(v) if v.size else -np.inf for v in values[1::2]], np.float64)
             np.fmin(lows, mins, out=lows)

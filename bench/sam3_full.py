@@ -1,0 +1,162 @@
+"""The flagship at real size: `recipes/sam3.yaml` against a local Hub serving a full-size
+SAM 3 tracker stand-in (transformers' default `Sam3TrackerConfig`, 458 M parameters,
+seeded random weights) in the onnx-community layout.
+
+    python bench/sam3_full.py standin DIR    # export the stand-in into DIR (about 10 min)
+    python bench/sam3_full.py build DIR      # serve DIR on 127.0.0.1, build npu/w8a16
+
+The stand-in holds what the published repo holds: float32 `onnx/vision_encoder.onnx` (+
+`vision_encoder.onnx_data`) and `onnx/prompt_encoder_mask_decoder.onnx`, and their
+`quantize_dynamic(QUInt8)` `_int8` variants. `build` runs in a fresh process with an empty
+cache and Hub cache and reports the wall time and peak RSS of every step, the process's
+peak RSS, and the verification figures; it writes bench/out/sam3_full.json. It is not part
+of `make bench` (the build takes most of an hour on a 2-core machine); `bench/mid.py` shows
+the same shape in minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+REPO_ID = "onnx-community/sam3-tracker-ONNX"
+NAMES = ("vision_encoder", "prompt_encoder_mask_decoder")  # components = published file stems
+
+_EXPORT_RECIPE = """\
+schema_version: 1
+name: sam3-standin
+model: sam3-standin
+targets: [{device: cpu, precision: fp32}]
+components:
+  vision_encoder: {steps: [export]}
+  prompt_encoder_mask_decoder: {steps: [export]}
+"""
+
+
+def make_standin(folder: Path) -> None:
+    """Export the full-size stand-in with this tool and lay it out like the published repo."""
+    import onnx
+    import yaml
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from winml_recipes import api
+
+    mid = yaml.safe_load((REPO / "catalog" / "sam3-mid.yaml").read_text())
+    mid["name"] = "sam3-standin"
+    for comp in mid["components"].values():
+        comp["source"] = {"seed": 0, "config": {"model_type": "sam3_tracker"}}
+    with tempfile.TemporaryDirectory(prefix="sam3-standin-") as tmp:
+        t = Path(tmp)
+        (t / "catalog").mkdir()
+        (t / "catalog" / "sam3-standin.yaml").write_text(yaml.safe_dump(mid, sort_keys=False))
+        (t / "recipe.yaml").write_text(_EXPORT_RECIPE)
+        started = time.perf_counter()
+        result = api.build(
+            t / "recipe.yaml",
+            catalog_dir=t / "catalog",
+            output_root=t / "out",
+            cache_dir=t / "cache",
+        )
+        print(f"exported in {time.perf_counter() - started:.0f} s", flush=True)
+        onnx_dir = folder / "onnx"
+        onnx_dir.mkdir(parents=True, exist_ok=True)
+        for name in NAMES:
+            comp = name
+            model = onnx.load(str(result.models[comp]))
+            target = onnx_dir / f"{name}.onnx"
+            onnx.save_model(
+                model,
+                str(target),
+                save_as_external_data=True,
+                location=f"{name}.onnx_data",
+                size_threshold=1024,
+            )
+            del model
+            quantize_dynamic(
+                str(target),
+                str(onnx_dir / f"{name}_int8.onnx"),
+                weight_type=QuantType.QUInt8,
+            )
+            print(f"{comp}: float32 and int8 written", flush=True)
+
+
+def serve_and_build(folder: Path, device: str, precision: str, extra: list[str]) -> dict:
+    """Serve `folder` as the onnx-community repo and build recipes/sam3.yaml against it."""
+    from tests.hubserver import LocalHub
+
+    hub = LocalHub()
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            hub.add_file(REPO_ID, path.relative_to(folder).as_posix(), path.read_bytes())
+    with tempfile.TemporaryDirectory(prefix="sam3-full-") as tmp:
+        env = {
+            **os.environ,
+            "HF_ENDPOINT": hub.url,
+            "HF_HOME": str(Path(tmp) / "hf"),
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "WINML_RECIPES_CACHE": str(Path(tmp) / "cache"),
+        }
+        cmd = [
+            sys.executable, "-m", "winml_recipes", "build", str(REPO / "recipes" / "sam3.yaml"),
+            "--device", device, "--precision", precision, "-o", str(Path(tmp) / "out"),
+            "--json", *extra,
+        ]  # fmt: skip
+        started = time.perf_counter()
+        done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+        wall = time.perf_counter() - started
+        hub.stop()
+        if done.returncode != 0:
+            print(done.stderr[-4000:], file=sys.stderr)
+            raise SystemExit(f"build failed with exit {done.returncode}")
+        manifest = json.loads(done.stdout)
+    steps = []
+    for comp, rec in manifest["components"].items():
+        for s in rec["steps"]:
+            steps.append(
+                {
+                    "component": comp,
+                    "pass": s["pass"],
+                    "status": s["status"],
+                    "wall_s": s.get("wall_seconds"),
+                    "peak_rss_mb": s.get("peak_rss_mb"),
+                    "metrics": s.get("metrics", {}),
+                }
+            )
+    return {"target": f"{device}/{precision}", "process_wall_s": round(wall, 1), "steps": steps,
+            "manifest": manifest}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=["standin", "build"])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--device", default="npu")
+    parser.add_argument("--precision", default="w8a16")
+    args, extra = parser.parse_known_args()
+    if args.action == "standin":
+        make_standin(args.folder)
+        return 0
+    r = serve_and_build(args.folder, args.device, args.precision, extra)
+    out = REPO / "bench" / "out"
+    out.mkdir(exist_ok=True)
+    (out / "sam3_full.json").write_text(json.dumps(r, indent=2) + "\n")
+    print(f"sam3 {r['target']}: {r['process_wall_s']:.0f} s")
+    for s in r["steps"]:
+        print(
+            f"  {s['component']:<28} {s['pass']:<11} {s['status']:<8} {s['wall_s'] or 0:7.1f} s"
+            f"  peak {s['peak_rss_mb']} MB"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
