@@ -4,7 +4,8 @@ sam3-mid has the full-size shapes and widths (1008 px, ViT hidden 1024) with 2 V
 so activations dominate memory as in the full model. The build runs in a fresh process
 with an empty cache; the baseline, measured in the same run, is one fp32 forward pass of
 its float vision encoder on the CPU EP (time and peak RSS, in its own process). Each step's
-wall time and the build's peak RSS when the step ended are reported as multiples of it.
+wall time and the build's peak RSS when the step ended are reported as multiples of it,
+with the step's own memory estimate (checked against the budget before it ran) beside it.
 
     python bench/mid.py      # takes several minutes
 """
@@ -70,6 +71,7 @@ def run() -> dict:
                     "status": s["status"],
                     "wall_s": s.get("wall_seconds"),
                     "peak_rss_mb": s.get("peak_rss_mb"),
+                    "memory_estimate_mb": s.get("memory_estimate_mb"),
                     "wall_over_forward": round((s.get("wall_seconds") or 0) / base["seconds"], 2),
                     "peak_over_forward": (
                         round(s["peak_rss_mb"] / base["peak_rss_mb"], 2)
@@ -102,7 +104,7 @@ def main() -> int:
         print(
             f"  {s['component']:<28} {s['pass']:<10} {s['wall_s'] or 0:7.1f} s "
             f"(x{s['wall_over_forward']} forward)  peak {s['peak_rss_mb']} MB "
-            f"(x{s['peak_over_forward']})"
+            f"(x{s['peak_over_forward']}; estimated {s['memory_estimate_mb']} MB)"
         )
     return 0
 

@@ -105,19 +105,22 @@ def serve_and_build(folder: Path, device: str, precision: str, extra: list[str])
             "HF_HUB_DISABLE_TELEMETRY": "1",
             "WINML_RECIPES_CACHE": str(Path(tmp) / "cache"),
         }
+        out = Path(tmp) / "out"
         cmd = [
             sys.executable, "-m", "winml_recipes", "build", str(REPO / "recipes" / "sam3.yaml"),
-            "--device", device, "--precision", precision, "-o", str(Path(tmp) / "out"),
-            "--json", *extra,
+            "--device", device, "--precision", precision, "-o", str(out), *extra,
         ]  # fmt: skip
         started = time.perf_counter()
-        done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+        # Progress lines (one per step and per few samples) go to this process's stderr.
+        done = subprocess.run(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
         wall = time.perf_counter() - started
         hub.stop()
+        print(done.stdout, flush=True)
         if done.returncode != 0:
-            print(done.stderr[-4000:], file=sys.stderr)
             raise SystemExit(f"build failed with exit {done.returncode}")
-        manifest = json.loads(done.stdout)
+        manifest = json.loads(
+            (out / "sam3" / f"{device}-{precision}" / "manifest.json").read_text()
+        )
     steps = []
     for comp, rec in manifest["components"].items():
         for s in rec["steps"]:

@@ -41,6 +41,13 @@ class PassError(WinmlError):
     """A pass failed on valid input (e.g. verification below threshold)."""
 
 
+class QualityGateError(PassError):
+    """The built model measured below a verify threshold: exit 3, so CI can tell a quality
+    regression from bad input."""
+
+    exit_code = 3
+
+
 class MemoryBudgetError(WinmlError):
     """A step is estimated to need more memory than the build's budget."""
 

@@ -370,14 +370,21 @@ def store_outputs(store: Path, digest: str, feed: Feed, outputs: Mapping[str, np
 
 
 def outputs_for(
-    model: Path, digest: str | None, feeds: list[Feed], store: Path | None, keep: bool = True
+    model: Path,
+    digest: str | None,
+    feeds: list[Feed],
+    store: Path | None,
+    keep: bool = True,
+    on_sample: Callable[[int], None] | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """A float model's outputs for each feed, read from the store (and written, if `keep`)."""
     from winml_recipes.runtime.sessions import load_session
 
     session = None
     out = []
-    for feed in feeds:
+    for i, feed in enumerate(feeds):
+        if on_sample is not None:
+            on_sample(i)
         kept = stored_outputs(store, digest, feed) if store is not None and digest else None
         if kept is None:
             if session is None:
@@ -387,6 +394,8 @@ def outputs_for(
             if store is not None and digest and keep:
                 store_outputs(store, digest, feed, kept)
         out.append(kept)
+    if on_sample is not None:
+        on_sample(len(feeds))
     return out
 
 

@@ -538,12 +538,12 @@ def _render_and_validate(
             raise RecipeError("a recipe must be a YAML mapping", where=f"{path}:1")
         validate(loaded, recipe_schema(), str(path), RecipeError)
     except RecipeError as exc:
-        exc.where = _source_location(exc.where, rendered, path)
+        exc.where = source_location(exc.where, rendered, path)
         raise
     return loaded
 
 
-def _source_location(where: str, rendered: str, path: Path) -> str:
+def source_location(where: str, rendered: str, path: Path) -> str:
     """Map `FILE:LINE` of the rendered recipe back to the template or partial it came from.
 
     Jinja renders comments, blocks and includes into a different number of lines, so a

@@ -1,5 +1,9 @@
 """Golden graph digests: every recipe x target that builds offline, pinned with pytest-regressions.
 
+Structure is pinned exactly (I/O, opsets, op histogram, initializer bytes per dtype,
+quantization facts, promoted tensors); quality as lower bounds. The byte fingerprint is
+not pinned: it changes with any library's float paths and would make every upgrade a
+rubber-stamped `make golden` (it stays in each output's graph.yaml).
 Regenerate with `make golden` and read the diff: a change here is a behaviour change.
 """
 
@@ -66,6 +70,8 @@ def test_graph_digest(recipe, device, precision, tmp_path, data_regression, requ
         name: yaml.safe_load((path.parent / "graph.yaml").read_text())
         for name, path in sorted(result.models.items())
     }
+    for digest in digests.values():
+        digest.pop("fingerprint")
     golden = Path(__file__).with_suffix("") / (re.sub(r"\W", "_", request.node.name) + ".yml")
     previous = yaml.safe_load(golden.read_text()) if golden.is_file() else {}
     for name, comp in result.manifest["components"].items():
@@ -86,7 +92,9 @@ def _quality(steps: list[dict], bounds: dict[str, float]) -> dict:
     out: dict = {}
     for step in steps:
         metrics = step.get("metrics", {})
-        if step["pass"] == "verify":
+        if step["pass"] == "verify" and step["status"] == "skipped":
+            out["verify_skipped"] = step["reason"]
+        elif step["pass"] == "verify":
             out["verified_on"] = metrics["verified_on"]
             out["sqnr_db_at_least"] = {
                 k: bounds[k] if k in bounds and v["sqnr_db"] >= bounds[k]

@@ -142,7 +142,7 @@ def test_over_budget_stops_before_any_step_runs(tmp_path: Path, monkeypatch) -> 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, lines
     # The first step to run is checked from the source on disk, before anything is written.
-    assert lines[0].startswith("error: model/normalize: needs about 0.4 GB"), lines
+    assert lines[0].startswith(f"error: {recipe}:7: model/normalize [cpu/int8]: needs about 0.4 GB")
     assert "over the memory budget of 0.1 GB" in lines[0]
     assert not (tmp_path / "out").exists()
     assert not cache.exists() or not any(cache.rglob("*.onnx"))

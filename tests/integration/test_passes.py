@@ -74,11 +74,13 @@ def test_fix_shapes_uses_catalog_dims_and_overrides(tmp_path) -> None:
 
 
 def test_verify_below_threshold_fails_and_writes_nothing(tmp_path) -> None:
-    recipe = make_mlp_project(tmp_path, steps="[{verify: {min_sqnr_db: 250}}]")
+    recipe = make_mlp_project(tmp_path, steps="[normalize, {verify: {min_sqnr_db: 250}}]")
     result = cli("build", recipe, "-o", tmp_path / "build")
-    assert result.exit_code == 2
+    assert result.exit_code == 3  # a quality gate, not bad input
+    # where: the recipe line of the step, the component/step and the target
     assert result.stderr.strip() == (
-        "error: model/verify: verification on cpu failed: y: SQNR 200.00 dB < 250 dB"
+        f"error: {recipe}:7: model/verify [cpu/fp32]: verification on cpu failed: "
+        "y: SQNR 200.00 dB < 250 dB"
     )
     assert not (tmp_path / "build" / "mlp" / "cpu-fp32").exists()
 

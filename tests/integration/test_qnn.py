@@ -379,9 +379,11 @@ def test_a_host_without_the_ep_verifies_on_the_simulation_and_says_so(tmp_path: 
         "build", recipe, "--device", "npu", "--precision", "w8a16", "-o", tmp_path / "p", env=env
     )
     assert failed.returncode == 2
+    line = next(i for i, t in enumerate(recipe.read_text().splitlines(), 1) if "verify" in t)
     assert failed.stderr.strip().splitlines() == [
-        "error: model/verify: the npu target requires QNNExecutionProvider (qnn-htp), which "
-        f"cannot be used here: EP library not found: {env['WINML_RECIPES_QNN_LIBRARY']}"
+        f"error: {recipe}:{line}: model/verify [npu/w8a16]: the npu target requires "
+        "QNNExecutionProvider (qnn-htp), which cannot be used here: EP library not found: "
+        f"{env['WINML_RECIPES_QNN_LIBRARY']}"
     ]
     listed = cli_subprocess("passes", env=env)
     assert "qnn-htp  QNNExecutionProvider   devices: npu   not available: EP library" in (

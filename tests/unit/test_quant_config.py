@@ -300,3 +300,43 @@ def test_schema_accepts_and_rejects() -> None:
     assert not _valid({"calibration": {"percentile": 40}})
     assert not _valid({"activation_type": "int4"})
     assert not _valid({"calibrate": {}})
+
+
+@pytest.mark.parametrize("fmt", ["qdq", "qoperator"])
+def test_type_rule_mirrors_onnxruntime(fmt: str) -> None:
+    """Planning checks type combinations without importing onnxruntime; the mirror must
+    say exactly what onnxruntime's own check says."""
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.quantize import check_static_quant_arguments
+
+    from winml_recipes.quant.config import QUANT_TYPES, static_combination_error
+    from winml_recipes.quant.ort import quant_type
+
+    for act in QUANT_TYPES:
+        for weight in QUANT_TYPES:
+            try:
+                check_static_quant_arguments(
+                    QuantFormat.QDQ if fmt == "qdq" else QuantFormat.QOperator,
+                    quant_type(act),
+                    quant_type(weight),
+                )
+                expected = None
+            except ValueError as exc:
+                expected = str(exc)
+            assert static_combination_error(fmt, act, weight) == expected, (act, weight)
+
+
+def test_planning_does_not_import_onnxruntime() -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import RECIPES, REPO
+
+    code = (
+        "import sys\nfrom winml_recipes import api\n"
+        f"api.plan({str(RECIPES / 'sam3-tiny.yaml')!r}, fetch=False, device='npu', "
+        "precision='w8a16')\nprint('onnxruntime' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

@@ -16,6 +16,7 @@ import yaml
 
 import winml_recipes
 from winml_recipes.engine.cache import StepCache, cache_key, library_versions
+from winml_recipes.engine.code_digest import code_digest
 from winml_recipes.engine.lock import exclusive
 from winml_recipes.engine.plan import ComponentPlan, Plan, PlannedStep
 from winml_recipes.engine.registry import model_file
@@ -190,6 +191,21 @@ def _interrupts_held() -> Iterator[None]:
             signal.raise_signal(signum)  # delivered now, to the handler that was in place
 
 
+def step_where(plan: Plan, comp: ComponentPlan, step: PlannedStep) -> str:
+    """Where a build-time error happened: the recipe line of the step (when the recipe
+    lists it; presets have none), the component/step and the target."""
+    from winml_recipes.recipe import source_location
+
+    path = plan.recipe.path
+    recipe = (
+        source_location(f"{path}:{step.line}", plan.recipe.rendered, path)
+        if step.line
+        else str(path)
+    )
+    target = f"{plan.target.device}/{plan.target.precision}"
+    return f"{recipe}: {comp.name}/{step.name} [{target}]"
+
+
 def _check_sources_fit(plan: Plan, budget_mb: float) -> None:
     """Estimate every step of components whose source model is on disk, before any runs.
 
@@ -219,7 +235,7 @@ def _check_sources_fit(plan: Plan, budget_mb: float) -> None:
             )
             estimate = step.impl.estimate_memory(path, dict(step.options), inputs)
             if estimate is not None:
-                check_fits(estimate, budget_mb, f"{comp.name}/{step.name}")
+                check_fits(estimate, budget_mb, step_where(plan, comp, step))
 
 
 def _build_component(
@@ -326,7 +342,7 @@ def _run_step(
             raise PassError(
                 f"'{dep}' has no float model to run (its source is quantized; "
                 "add dequantize to its steps)",
-                where=f"{comp.name}/{step.name}",
+                where=step_where(plan, comp, step),
             )
         upstream[dep] = built[dep]
     work = staging / ".work" / comp.name / f"{step.index:02d}-{step.name}"
@@ -356,6 +372,7 @@ def _run_step(
         reference=state.reference_digest if impl.uses_reference else None,
         pass_name=step.name,
         pass_version=impl.version,
+        pass_code=code_digest(type(impl)),
         options=step.options,
         target=[plan.target.device, plan.target.precision] if impl.target_dependent else None,
         contract=_contract_key(comp) if impl.uses_contract else None,
@@ -388,7 +405,7 @@ def _run_step(
                 from winml_recipes.engine.budget import check_fits
 
                 record["memory_estimate_mb"] = round(estimate.mb)
-                check_fits(estimate, budget_mb, f"{comp.name}/{step.name}")
+                check_fits(estimate, budget_mb, step_where(plan, comp, step))
         out = work / "out"
         out.mkdir(parents=True)
         (work / "scratch").mkdir()
@@ -397,12 +414,12 @@ def _run_step(
         except WinmlError as exc:
             # Paths inside the cache or the staging area mean nothing to the user.
             if not exc.where or str(cache.root) in exc.where or str(staging) in exc.where:
-                exc.where = f"{comp.name}/{step.name}"
+                exc.where = step_where(plan, comp, step)
             raise
         except Exception as exc:  # a pass bug or a library failure on valid input
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise PassError(
-                f"{type(exc).__name__}: {first[:300]}", where=f"{comp.name}/{step.name}"
+                f"{type(exc).__name__}: {first[:300]}", where=step_where(plan, comp, step)
             ) from exc
         if not isinstance(result, StepResult):
             raise InternalError(f"pass '{step.name}' returned {type(result).__name__}")

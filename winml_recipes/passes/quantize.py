@@ -187,7 +187,7 @@ def _static(
     settings = CalibrationSettings(
         method=cal.method,
         num_bins=cal.num_bins,
-        num_quantized_bins=_quantized_bins(cfg.activation_type),
+        num_quantized_bins=_quantized_bins(cfg.activation_type, cal.num_bins),
         percentile=cal.percentile,
         symmetric=cfg.activation_symmetric,
     )
@@ -271,8 +271,11 @@ class _Counted:
                 self.on_sample(seen)
 
 
-def _quantized_bins(activation_type: str) -> int:
-    return 128 if activation_type.endswith("8") else 32768
+def _quantized_bins(activation_type: str, num_bins: int) -> int:
+    """Entropy's target bins: 128 for 8-bit (TensorRT's choice); for 16-bit, half the
+    histogram. The 2**15 a 16-bit type could hold would need a histogram of over 32,768
+    bins (gigabytes across a model's activations) and the KL search then clips nothing."""
+    return 128 if activation_type.endswith("8") else max(128, num_bins // 2)
 
 
 def _source_name(cal: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from winml_recipes.engine.registry import Pass, check_component, register
 from winml_recipes.engine.types import ModelFacts, PlanContext, StepContext, StepResult
-from winml_recipes.errors import PassError
+from winml_recipes.errors import PassError, QualityGateError
 from winml_recipes.presets import Target
 
 if TYPE_CHECKING:
@@ -167,10 +167,15 @@ class VerifyPass(Pass):
         )
         feeds = take(factory, options["samples"])
         # An upstream component's reference outputs are kept for its downstream's verify.
-        reference = outputs_for(
-            ctx.reference, ctx.reference_digest, feeds, ctx.store, keep=ctx.feeds_downstream
-        )
         samples = len(feeds)
+        reference = outputs_for(
+            ctx.reference,
+            ctx.reference_digest,
+            feeds,
+            ctx.store,
+            keep=ctx.feeds_downstream,
+            on_sample=lambda done: ctx.progress("reference samples", done, samples),
+        )
         target = run_on_target(
             src,
             feeds,
@@ -189,7 +194,9 @@ class VerifyPass(Pass):
         record["outputs"] = metrics
         failures = _failures(metrics, options)
         if failures:
-            raise PassError(f"verification on {target.verified_on} failed: " + "; ".join(failures))
+            raise QualityGateError(
+                f"verification on {target.verified_on} failed: " + "; ".join(failures)
+            )
         return StepResult(None, record)
 
 
