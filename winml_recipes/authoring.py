@@ -35,6 +35,24 @@ def parse_shapes(items: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...
     return out
 
 
+def unset_dims(specs: list[TensorSpec], set_dims: set[str]) -> dict[str, list[str]]:
+    """Per input, its dynamic dims that nothing set and whose value would be a guess.
+
+    Batch-like names (batch, N, ...) default to 1 safely; any other dim (H, W, sequence,
+    a converter's `p2o.DynamicDimension.0`) must be given: a 1x1-pixel image model that
+    "verifies" is worse than an error.
+    """
+    out: dict[str, list[str]] = {}
+    for spec in specs:
+        missing = [
+            d for d in spec.shape
+            if isinstance(d, str) and d not in set_dims and not OBVIOUS_DIMS.match(d)
+        ]  # fmt: skip
+        if missing:
+            out[spec.name] = missing
+    return out
+
+
 def _dims_from_shapes(
     specs: list[TensorSpec], dims: dict[str, int], shapes: Mapping[str, tuple[int, ...]]
 ) -> dict[str, int]:
@@ -117,9 +135,27 @@ def onnx_entry(
 def write_adhoc_project(
     model_path: Path, root: Path, device: str, precision: str, shapes: Mapping[str, tuple[int, ...]]
 ) -> Path:
-    """root/catalog/NAME.yaml + root/recipes/NAME.yaml for one target; returns the recipe."""
+    """root/catalog/NAME.yaml + root/recipes/NAME.yaml for one target; returns the recipe.
+
+    Every dynamic dim needs a value from --shape (batch-like dims default to 1).
+    """
     name = re.sub(r"[^A-Za-z0-9._-]", "-", model_path.stem) or "model"
     entry, _ = onnx_entry(model_path, name, shapes)
+    specs = [
+        TensorSpec(n, t["dtype"], tuple(t["shape"]))
+        for n, t in entry["components"]["model"]["inputs"].items()
+    ]
+    given = {d for s in specs if s.name in shapes for d in s.shape if isinstance(d, str)}
+    missing = unset_dims(specs, given)
+    if missing:
+        listed = "; ".join(f"{n}: {', '.join(ds)}" for n, ds in missing.items())
+        first = next(s for s in specs if s.name in missing)
+        example = "x".join(str(d) if isinstance(d, int) else "N" for d in first.shape)
+        raise RecipeError(
+            f"dims with no value ({listed}); give each input's shape, e.g. --shape "
+            f"{first.name}={example} with N replaced by the sizes the model runs at",
+            where=str(model_path),
+        )
     (root / "catalog").mkdir(parents=True, exist_ok=True)
     (root / "recipes").mkdir(exist_ok=True)
     (root / "catalog" / f"{name}.yaml").write_text(yaml.safe_dump(entry, sort_keys=False))
@@ -246,7 +282,7 @@ def _init_export_project(
         )
     else:
         family, task = "auto", auto.task_of(config)
-        components = auto.catalog_components(config, task)
+        components = auto.catalog_components(config, task, _preprocessor(model_ref, config_dir))
     default = re.sub(r"[^A-Za-z0-9._-]", "-", Path(ref.rstrip("/")).name) or "model"
     entry = {
         "schema_version": 1,
@@ -259,6 +295,32 @@ def _init_export_project(
     }
     dims = {k: v for spec in components.values() for k, v in spec["dims"].items()}
     return _write_init(entry, dims, ref, catalog_dir, recipes_dir)
+
+
+def _preprocessor(model_ref, config_dir: Path) -> dict | None:
+    """The model's `preprocessor_config.json` (image size, mean, std), if it has one."""
+    import json
+
+    from winml_recipes.sources import LocalHfDir
+
+    path = config_dir / "preprocessor_config.json"
+    if not isinstance(model_ref, LocalHfDir):
+        from winml_recipes.errors import SourceError
+        from winml_recipes.hub import download_file
+
+        try:
+            path, _ = download_file(
+                model_ref.repo_id, "preprocessor_config.json", model_ref.revision
+            )
+        except SourceError:
+            return None  # not every model has one
+    if not path.is_file() or path.stat().st_size > 1 << 20:
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RecipeError(f"init: {path} is not valid JSON ({exc})") from None
+    return data if isinstance(data, dict) else None
 
 
 def _relative_ref(path: Path, catalog_dir: Path) -> str:

@@ -287,7 +287,7 @@ def _print_summary(result) -> None:
                 same = "bit-exact" if agree.get("bit_exact") else f"max_abs {agree.get('max_abs')}"
                 click.echo(f"    compiled: {', '.join(a['name'] for a in s.get('artifacts', []))}"
                            f" ({same} vs the uncompiled model on the EP)")  # fmt: skip
-            if s["status"] == "skipped" and s["pass"] in ("compile", "quantize"):
+            if s["status"] == "skipped":  # every skip says why, on a terminal or not
                 click.echo(f"    {s['pass']} skipped: {s.get('reason', '')}")
             outs = metrics.get("outputs") if s["pass"] == "verify" else None
             for out, met in (outs or {}).items():

@@ -221,7 +221,17 @@ def catalog_schema() -> dict[str, Any]:
                 "propertyNames": {"pattern": NAME_PATTERN},
                 "additionalProperties": source,
             },
-            "task": {"enum": ["feature-extraction", "image-classification"]},
+            "task": {
+                "enum": [
+                    "feature-extraction",
+                    "text-classification",
+                    "token-classification",
+                    "fill-mask",
+                    "text-generation",
+                    "image-classification",
+                ],
+                "description": "auto family: the task (and head) to export.",
+            },
             "dims": _dims_schema(),
             "inputs": {
                 "type": "object",

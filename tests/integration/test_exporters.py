@@ -307,3 +307,67 @@ def test_import_does_not_import_torch():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --------------------------------------------------------------------------- auto: task heads
+
+TINY_GPT2 = {
+    "model_type": "gpt2",
+    "n_embd": 32,
+    "n_layer": 2,
+    "n_head": 2,
+    "vocab_size": 100,
+    "n_positions": 64,
+}
+
+HEADS = [
+    # (architecture named in the config, config, task it means, output name, shape at b=2,s=5)
+    ("BertForSequenceClassification", {**TINY_BERT, "num_labels": 3}, "text-classification",
+     "logits", (2, 3)),
+    ("BertForTokenClassification", {**TINY_BERT, "num_labels": 4}, "token-classification",
+     "logits", (2, 5, 4)),
+    ("BertForMaskedLM", TINY_BERT, "fill-mask", "logits", (2, 5, 100)),
+    ("GPT2LMHeadModel", TINY_GPT2, "text-generation", "logits", (2, 5, 100)),
+    ("BertModel", TINY_BERT, "feature-extraction", "last_hidden_state", (2, 5, 32)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("arch", "config", "task", "output", "shape"), HEADS, ids=[h[0] for h in HEADS]
+)
+def test_auto_keeps_the_task_head(arch, config, task, output, shape) -> None:
+    """The architecture in the config decides the task; the export computes what that
+    class computes in torch (names, shapes, values), not the base model's features."""
+    import transformers
+
+    built = transformers.AutoConfig.for_model(**{**config, "architectures": [arch]})
+    assert auto.task_of(built) == task
+    req = ExportRequest("auto", "model", task=task, config={**config, "architectures": [arch]})
+    model = auto.load_model(req)
+    assert type(model).__name__ == arch
+    proto = export_model(req)
+    assert [o.name for o in proto.graph.output] == [output]
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 100, (2, 5), generator=gen)
+    mask = torch.ones(2, 5, dtype=torch.int64)
+    feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+    names = [i.name for i in proto.graph.input]
+    if "token_type_ids" in names:
+        feeds["token_type_ids"] = np.zeros((2, 5), np.int64)
+    (got,) = _session(proto).run(None, {n: feeds[n] for n in names})
+    kwargs = {n: torch.from_numpy(feeds[n]) for n in names}
+    with torch.no_grad():
+        ref = getattr(model(**kwargs, return_dict=True), output)
+    assert got.shape == shape
+    _close(got, ref, arch)
+
+
+@pytest.mark.parametrize("arch", ["BertForQuestionAnswering", "T5ForConditionalGeneration"])
+def test_auto_refuses_a_head_it_cannot_export(arch) -> None:
+    import transformers
+
+    config = transformers.AutoConfig.for_model(**{**TINY_BERT, "architectures": [arch]})
+    with pytest.raises(SourceError) as err:
+        auto.task_of(config)
+    text = str(err.value)
+    assert arch in text and "text-classification" in text and "\n" not in text

@@ -1094,3 +1094,59 @@ def test_build_onnx_missing_file_and_device(tmp_path: Path) -> None:
         "unknown device 'tpu' (did you mean 'npu'?); known: cpu, gpu, npu"
     )
     assert not (tmp_path / "o").exists()
+
+
+def test_build_onnx_stops_on_dims_it_would_guess(tmp_path: Path) -> None:
+    """A dynamic N, H, W image input: N (batch-like) defaults to 1, H and W are unknown and
+    the build stops before anything runs; it used to build a 1x1-pixel model and report SQNR."""
+    conv = _model(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        [helper.make_tensor_value_info("x", F, ["N", 3, "H", "W"])],
+        [helper.make_tensor_value_info("y", F, ["N", 3, "H", "W"])],
+    )
+    path = _save(conv, tmp_path / "img.onnx")
+    base = ("build", "--onnx", path, "--device", "cpu", "--precision", "fp32", "-o", tmp_path / "o")
+    assert user_error(*base) == (
+        f"{path}: dims with no value (x: H, W); give each input's shape, e.g. --shape "
+        "x=Nx3xNxN with N replaced by the sizes the model runs at"
+    )
+    assert not (tmp_path / "o").exists()
+    ok = cli(*base, "--shape", "x=1x3x32x32")
+    assert ok.exit_code == 0, ok.stderr
+
+
+def test_build_onnx_of_a_qdq_model_says_what_it_built(tmp_path: Path) -> None:
+    """An int8/int8 QDQ file built for npu (w8a16) used to land in npu-w8a16/ unchanged,
+    labelled with a precision it does not have. It is refused, naming the precision it
+    has; built for that precision, the summary says why quantize did nothing."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    float_path = make_mlp_onnx(tmp_path / "mlp.onnx")
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            rng = np.random.default_rng(0)
+            self.data = iter([{"x": rng.uniform(-1, 1, (2, 4)).astype(np.float32)}] * 4)
+
+        def get_next(self):
+            return next(self.data, None)
+
+    qdq = tmp_path / "tp_qdq.onnx"
+    quantize_static(
+        str(float_path), str(qdq), Reader(), quant_format=QuantFormat.QDQ,
+        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+    )  # fmt: skip
+    base = ("build", "--onnx", qdq, "--shape", "x=2x4", "-o", tmp_path / "o")
+    message = user_error(*base, "--device", "npu")
+    assert "the output would stay as quantized as the source (QDQ" in message
+    assert "npu/w8a16 asks for uint16 activations and uint8 weights" in message
+    assert message.endswith("or build the precision it has (--precision int8)")
+    assert not (tmp_path / "o").exists()
+    done = cli(*base, "--device", "cpu", "--precision", "int8")
+    assert done.exit_code == 0, done.stderr
+    assert "quantize skipped: source already quantized (QDQ" in done.stdout

@@ -12,6 +12,7 @@ import yaml
 
 from tests.conftest import CATALOG, RECIPES, sqnr_against_float_sam3
 from winml_recipes import api
+from winml_recipes.errors import PlanError
 from winml_recipes.onnx.quant import detect_quantization
 
 COMPONENTS = ("vision_encoder", "prompt_encoder_mask_decoder")
@@ -56,9 +57,11 @@ def test_sources_are_detected_as_quantized_once(int8_project) -> None:
         assert comp.steps[0].name == "dequantize" and comp.steps[0].skip is None
 
 
-def test_without_dequantize_normalize_and_quantize_are_skipped_with_the_reason(
+def test_without_dequantize_a_quantized_source_is_refused_for_another_precision(
     int8_project, tmp_path
 ) -> None:
+    """The preset steps would skip normalize and quantize and ship the int8 source as
+    `cpu-int8` (static s8/s8 QDQ): a label that is not what was built. Refused instead."""
     recipe = tmp_path / "recipes" / "r.yaml"
     recipe.parent.mkdir()
     shutil.copytree(int8_project / "catalog", tmp_path / "catalog")
@@ -66,12 +69,12 @@ def test_without_dequantize_normalize_and_quantize_are_skipped_with_the_reason(
         "schema_version: 1\nname: r\nmodel: sam3-int8-tiny\n"
         "targets: [{device: cpu, precision: int8}]\n"  # steps from the presets
     )
-    plan = api.plan(recipe)
-    steps = {s.name: s for s in plan.components[0].steps}
-    assert steps["normalize"].skip.startswith("source already quantized (")
-    assert "MatMulInteger x" in steps["normalize"].skip
-    assert steps["quantize"].skip == steps["normalize"].skip
-    assert steps["verify"].skip.startswith("no float reference")
+    with pytest.raises(PlanError) as err:
+        api.plan(recipe)
+    text = str(err.value)
+    assert "vision_encoder: the output would stay as quantized as the source (" in text
+    assert "MatMulInteger x" in text and "asks for int8 activations and int8 weights" in text
+    assert "add a dequantize step before quantize" in text and "\n" not in text
 
 
 def test_requantize_for_npu_matches_the_original_float_model(int8_project, tiny_build, tmp_path):

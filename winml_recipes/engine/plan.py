@@ -146,6 +146,9 @@ def _plan_component(
         plan.steps.append(PlannedStep(i, step.name, impl, options, skip, facts, step.line))
         if skip is None:
             facts = impl.facts_after(facts, options)
+    mismatch = _precision_mismatch(facts, target)
+    if mismatch:
+        raise PlanError(f"{cname}: {mismatch}", where=str(recipe.path))
     if not facts.is_onnx:
         raise PlanError(
             f"{cname}: source {source.ref} is not ONNX and no step exports it; "
@@ -153,6 +156,39 @@ def _plan_component(
             where=str(recipe.path),
         )
     return plan
+
+
+def _precision_mismatch(facts: ModelFacts, target) -> str | None:
+    """Why the planned output is not the target's precision (None: it is).
+
+    An already-quantized source that no step dequantizes keeps its own types; an output
+    folder named npu-w8a16 holding an int8/int8 QDQ model would say what it is not.
+    """
+    from winml_recipes.presets import precision_settings, precisions
+
+    if not facts.quantized:
+        return None
+    want = precision_settings(target.precision)
+    have = f"{facts.quant_summary}"
+    matching = [
+        p
+        for p in precisions()
+        if precision_settings(p).get("kind") == "integer"
+        and set(facts.weight_dtypes) <= {precision_settings(p)["weight_type"]}
+        and set(facts.activation_dtypes) <= {precision_settings(p)["activation_type"]}
+    ]
+    if want.get("kind") == "integer" and target.precision in matching:
+        return None
+    if want.get("kind") == "integer":
+        asks = f"{want['activation_type']} activations and {want['weight_type']} weights"
+    else:
+        asks = f"a {target.precision} model"
+    other = f", or build the precision it has (--precision {matching[0]})" if matching else ""
+    return (
+        f"the output would stay as quantized as the source ({have}), but target "
+        f"{target.device}/{target.precision} asks for {asks}; add a dequantize step before "
+        f"quantize to requantize it (or run `winml-recipes dequantize` on the file first){other}"
+    )
 
 
 def _build_order(components: list[ComponentPlan], recipe: Recipe) -> list[ComponentPlan]:

@@ -167,6 +167,8 @@ def model_facts(path: Path) -> ModelFacts:
         is_onnx=True,
         quantized=quant.quantized,
         quant_summary=quant.describe() if quant.quantized else "",
+        activation_dtypes=tuple(quant.activation_dtypes),
+        weight_dtypes=tuple(quant.weight_dtypes),
         normalized=normalized,
         normalized_why="stamp matches the graph fingerprint" if normalized else "",
         opset=opset,

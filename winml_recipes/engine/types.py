@@ -40,6 +40,8 @@ class ModelFacts:
     is_onnx: bool
     quantized: bool = False
     quant_summary: str = ""  # e.g. "QOperator: ConvInteger x9"
+    activation_dtypes: tuple[str, ...] = ()  # of a quantized model's activations
+    weight_dtypes: tuple[str, ...] = ()
     normalized: bool = False
     normalized_why: str = ""  # e.g. "stamp matches the graph fingerprint"
     opset: int | None = None

@@ -39,7 +39,7 @@ class ExportRequest:
 
     family: str  # "sam3_tracker" | "auto"
     component: str  # sam3_tracker: "vision_encoder" | "prompt_encoder_mask_decoder"; auto: "model"
-    task: str | None = None  # auto only: "feature-extraction" | "image-classification"
+    task: str | None = None  # auto only: a key of exporters.auto.TASKS
     model_id: str | None = None  # HF model id or local HF directory
     revision: str | None = None
     config: Mapping[str, Any] | None = None  # random weights: {"model_type": ..., **fields}

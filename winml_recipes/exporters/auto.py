@@ -1,14 +1,20 @@
-"""Generic transformers models through the Auto classes.
+"""Generic transformers models through the Auto classes, keeping the task head.
 
-- `feature-extraction`: `AutoModel`; inputs `input_ids`, `attention_mask` and `token_type_ids`
-  (each only when the model's forward takes it), i64 [batch,sequence] -> `last_hidden_state`.
-- `image-classification`: `AutoModelForImageClassification`; `pixel_values` f32
-  [batch,C,S,S] (S and C from the config) -> `logits` [batch,num_labels].
+The task comes from the config's `architectures` (`BertForSequenceClassification` ->
+text-classification, `GPT2LMHeadModel` -> text-generation, ...) and selects the Auto class
+that builds exactly that architecture; an architecture whose task this exporter cannot
+export is an error naming it and the tasks it can, never a silent fallback to the base
+model. Text tasks take `input_ids`, `attention_mask` and `token_type_ids` (each only when
+the model's forward takes it), i64 [batch, sequence]; image tasks take `pixel_values` f32
+[batch, C, S, S]. Decoder-only language models are exported without a KV cache
+(`use_cache=False`): one forward over the whole sequence, logits for every position.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from winml_recipes.errors import SourceError
@@ -18,10 +24,30 @@ if TYPE_CHECKING:
 
 COMPONENTS = ("model",)
 
-# task -> (transformers Auto class name, output name)
-TASKS: dict[str, tuple[str, str]] = {
-    "feature-extraction": ("AutoModel", "last_hidden_state"),
-    "image-classification": ("AutoModelForImageClassification", "logits"),
+
+@dataclass(frozen=True)
+class Task:
+    auto_class: str  # transformers Auto class
+    outputs: tuple[str, ...]  # output names, in order
+    modality: str  # "text" | "image"
+    suffixes: tuple[str, ...] = ()  # architecture name endings that mean this task
+
+
+TASKS: dict[str, Task] = {
+    "feature-extraction": Task("AutoModel", ("last_hidden_state",), "text", ("Model",)),
+    "text-classification": Task(
+        "AutoModelForSequenceClassification", ("logits",), "text", ("ForSequenceClassification",)
+    ),
+    "token-classification": Task(
+        "AutoModelForTokenClassification", ("logits",), "text", ("ForTokenClassification",)
+    ),
+    "fill-mask": Task("AutoModelForMaskedLM", ("logits",), "text", ("ForMaskedLM",)),
+    "text-generation": Task(
+        "AutoModelForCausalLM", ("logits",), "text", ("ForCausalLM", "LMHeadModel")
+    ),
+    "image-classification": Task(
+        "AutoModelForImageClassification", ("logits",), "image", ("ForImageClassification",)
+    ),
 }
 
 TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -48,7 +74,7 @@ def load_model(req: ExportRequest) -> Any:
             f"auto exporter needs task set to one of {', '.join(TASKS)} (got {req.task!r})",
             where=where,
         )
-    auto_cls = getattr(transformers, TASKS[req.task][0])
+    auto_cls = getattr(transformers, TASKS[req.task].auto_class)
     if req.model_id is not None:
         return load_pretrained(auto_cls, req.model_id, req.revision, where)
     assert req.config is not None
@@ -63,19 +89,23 @@ def load_model(req: ExportRequest) -> Any:
         ) from exc
 
 
-def _output_module(model: Any, output: str, input_names: tuple[str, ...]) -> Any:
+def _output_module(model: Any, outputs: tuple[str, ...], input_names: tuple[str, ...]) -> Any:
     import torch
 
-    class NamedOutput(torch.nn.Module):
+    extra = {"use_cache": False} if "use_cache" in _forward_params(model) else {}
+
+    class NamedOutputs(torch.nn.Module):
         def __init__(self, inner: Any) -> None:
             super().__init__()
             self.inner = inner
 
-        def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-            result = self.inner(**dict(zip(input_names, inputs, strict=False)), return_dict=True)
-            return result[output]
+        def forward(self, *inputs: torch.Tensor) -> Any:
+            kwargs = dict(zip(input_names, inputs, strict=False))
+            result = self.inner(**kwargs, **extra, return_dict=True)
+            values = tuple(result[o] for o in outputs)
+            return values[0] if len(values) == 1 else values
 
-    return NamedOutput(model)
+    return NamedOutputs(model)
 
 
 def _forward_params(model: Any) -> set[str]:
@@ -89,16 +119,15 @@ def export(req: ExportRequest) -> ExportOutput:
 
     model = load_model(req)
     assert req.task is not None
-    output = TASKS[req.task][1]
+    task = TASKS[req.task]
     gen = torch.Generator().manual_seed(0)
     b = _TRACE_BATCH
-    if req.task == "feature-extraction":
+    if task.modality == "text":
         params = _forward_params(model)
         names = tuple(n for n in TEXT_INPUTS if n in params)
         if "input_ids" not in names:
             raise SourceError(
-                f"{type(model).__name__} takes no input_ids; feature-extraction here is for "
-                "text encoders (BERT-like)",
+                f"{type(model).__name__} takes no input_ids; {req.task} here is for text models",
                 where=_where(req),
             )
         s = _TRACE_SEQUENCE
@@ -120,42 +149,88 @@ def export(req: ExportRequest) -> ExportOutput:
         args = (torch.rand(b, channels, h, w, generator=gen) * 2 - 1,)
         dims = {0: "batch"}
     return torch_export(
-        _output_module(model, output, names),
+        _output_module(model, task.outputs, names),
         args,
         input_names=names,
-        output_names=(output,),
+        output_names=task.outputs,
         dynamic_shapes=(tuple(dims for _ in names),),
         opset=req.opset,
     )
 
 
 def task_of(config: Any) -> str:
-    """The task a config's architectures point to (image classification, else features)."""
-    archs = getattr(config, "architectures", None) or []
-    if any(a.endswith("ForImageClassification") for a in archs):
-        return "image-classification"
-    if not archs and getattr(config, "image_size", None) and not getattr(config, "vocab_size", 0):
+    """The task the config's architectures name; an error for one this exporter cannot do.
+
+    Without `architectures`: image features for image configs, else text features.
+    """
+    archs = list(getattr(config, "architectures", None) or [])
+    for arch in archs:
+        # longest suffix first: "BertForMaskedLM" must not match "Model"
+        for suffix, task in sorted(_SUFFIXES.items(), key=lambda kv: -len(kv[0])):
+            if arch.endswith(suffix):
+                return task
+    if archs:
+        raise SourceError(
+            f"architecture {archs[0]} is not a task the auto exporter can export; it exports "
+            + ", ".join(f"{t} ({', '.join('*' + x for x in TASKS[t].suffixes)})" for t in TASKS)
+        )
+    if getattr(config, "image_size", None) and not getattr(config, "vocab_size", 0):
         return "image-classification"
     return "feature-extraction"
 
 
-def catalog_components(config: Any, task: str) -> dict[str, dict[str, Any]]:
-    """The `model` component's I/O contract for a config, without weights."""
-    if task == "image-classification":
-        size = getattr(config, "image_size", 224)
-        h, w = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+_SUFFIXES = {suffix: name for name, task in TASKS.items() for suffix in task.suffixes}
+
+
+def image_block(preprocessor: Mapping[str, Any] | None, channels: int) -> dict[str, Any] | None:
+    """The catalog's `image:` block from an HF `preprocessor_config.json` (size, mean, std).
+
+    Sizes come as {"height", "width"}, {"shortest_edge"} (a square crop of that side) or an
+    int; None when the file says nothing usable.
+    """
+    if not preprocessor:
+        return None
+    size = preprocessor.get("crop_size") or preprocessor.get("size")
+    if isinstance(size, Mapping):
+        if "height" in size and "width" in size:
+            hw: list[int] | int = [int(size["height"]), int(size["width"])]
+        elif "shortest_edge" in size:
+            hw = int(size["shortest_edge"])
+        else:
+            return None
+    elif isinstance(size, int):
+        hw = size
+    else:
+        return None
+    mean = [float(v) for v in preprocessor.get("image_mean", [0.0] * channels)]
+    std = [float(v) for v in preprocessor.get("image_std", [1.0] * channels)]
+    return {"size": hw, "mean": mean, "std": std, "layout": "NCHW"}
+
+
+def catalog_components(
+    config: Any, task: str, preprocessor: Mapping[str, Any] | None = None
+) -> dict[str, dict[str, Any]]:
+    """The `model` component's I/O contract for a config (and the image preprocessing of
+    its `preprocessor_config.json`, when given), without weights."""
+    if TASKS[task].modality == "image":
         channels = int(getattr(config, "num_channels", 3))
+        pixel: dict[str, Any] = {"dtype": "float32", "range": [-1.0, 1.0]}
+        image = image_block(preprocessor, channels)
+        # The graph is traced at the config's image_size (ViT position embeddings are
+        # sized by it); the processor's size is used when the config has none.
+        size = getattr(config, "image_size", None) or (image or {}).get("size") or 224
+        h, w = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+        if image is not None:
+            image["size"] = size if isinstance(size, int) else [h, w]
+            lows = [(0.0 - m) / s for m, s in zip(image["mean"], image["std"], strict=False)]
+            highs = [(1.0 - m) / s for m, s in zip(image["mean"], image["std"], strict=False)]
+            pixel["range"] = [round(min(lows), 6), round(max(highs), 6)]
+            pixel["image"] = image
         return {
             "model": {
                 "task": task,
                 "dims": {"batch": 1},
-                "inputs": {
-                    "pixel_values": {
-                        "dtype": "float32",
-                        "shape": ["batch", channels, h, w],
-                        "range": [-1.0, 1.0],
-                    }
-                },
+                "inputs": {"pixel_values": {**pixel, "shape": ["batch", channels, h, w]}},
                 "outputs": {
                     "logits": {"dtype": "float32", "shape": ["batch", int(config.num_labels)]}
                 },
@@ -172,13 +247,21 @@ def catalog_components(config: Any, task: str) -> dict[str, dict[str, Any]]:
     if getattr(config, "type_vocab_size", 0):
         inputs["token_type_ids"] = {"dtype": "int64", "shape": ["batch", "sequence"], "values": [0]}
     hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "d_model", 0))
+    labels = int(getattr(config, "num_labels", 2))
+    vocab = int(getattr(config, "vocab_size", 0))
+    shapes = {
+        "feature-extraction": ["batch", "sequence", hidden],
+        "text-classification": ["batch", labels],
+        "token-classification": ["batch", "sequence", labels],
+        "fill-mask": ["batch", "sequence", vocab],
+        "text-generation": ["batch", "sequence", vocab],
+    }
+    (output,) = TASKS[task].outputs
     return {
         "model": {
             "task": task,
             "dims": {"batch": 1, "sequence": 16},
             "inputs": inputs,
-            "outputs": {
-                "last_hidden_state": {"dtype": "float32", "shape": ["batch", "sequence", hidden]}
-            },
+            "outputs": {output: {"dtype": "float32", "shape": shapes[task]}},
         }
     }

@@ -31,7 +31,14 @@ class DequantizePass(RewritesGraph, Pass):
         return None
 
     def facts_after(self, facts: ModelFacts, options: dict[str, Any]) -> ModelFacts:
-        return facts.evolve(quantized=False, quant_summary="", normalized=False, has_reference=True)
+        return facts.evolve(
+            quantized=False,
+            quant_summary="",
+            activation_dtypes=(),
+            weight_dtypes=(),
+            normalized=False,
+            has_reference=True,
+        )
 
     def run(
         self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext

@@ -101,7 +101,13 @@ class QuantizePass(Pass):
         return None
 
     def facts_after(self, facts: ModelFacts, options: dict[str, Any]) -> ModelFacts:
-        return facts.evolve(quantized=True, quant_summary="quantized by this build")
+        # Quantized here, for this target's types (what a source had no longer applies).
+        return facts.evolve(
+            quantized=True,
+            quant_summary="quantized by this build",
+            activation_dtypes=(),
+            weight_dtypes=(),
+        )
 
     def run(
         self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
