@@ -125,11 +125,11 @@ def compare(
 
     from winml_recipes.errors import RecipeError, WinmlError
     from winml_recipes.feeds import check_npz, from_npz, npz_files, synthetic, take
+    from winml_recipes.hub import local_model_file
     from winml_recipes.onnx.inputs import specs_from_model
     from winml_recipes.onnx.io import load_model
     from winml_recipes.presets import resolve_target
     from winml_recipes.quant.divergence import compare_tensors, first_divergence
-    from winml_recipes.sources import local_model_file
     from winml_recipes.specs import IOContract
 
     resolve_target(device, "fp32")

@@ -213,7 +213,7 @@ def build(
             raise RecipeError("--onnx needs --device (cpu, gpu, npu)")
         reporter = _reporter(as_json)
         with reporter:
-            from winml_recipes.sources import local_model_file
+            from winml_recipes.hub import local_model_file
 
             result = api.build_onnx(
                 local_model_file(onnx_file),
@@ -431,10 +431,10 @@ def inspect(model, as_json) -> None:
     """Describe an ONNX file (local path or org/repo/file.onnx): quantization, I/O, ops."""
     import yaml
 
+    from winml_recipes.hub import local_model_file
     from winml_recipes.onnx.digest import graph_digest
     from winml_recipes.onnx.io import load_model
     from winml_recipes.onnx.quant import detect_quantization
-    from winml_recipes.sources import local_model_file
 
     shown, model = model, local_model_file(model)
 
@@ -576,9 +576,9 @@ def dequantize(model, output, check, as_json) -> None:
     MODEL is a local path or a Hub ONNX file (org/repo/path.onnx).
     """
     from winml_recipes.errors import RecipeError
+    from winml_recipes.hub import local_model_file
     from winml_recipes.onnx.io import load_model, save_model
     from winml_recipes.quant.dequantize import dequantize_model
-    from winml_recipes.sources import local_model_file
 
     shown, model = model, local_model_file(model)
 

@@ -37,7 +37,15 @@ from pathlib import Path
 from typing import Any
 
 from winml_recipes.errors import SourceError
-from winml_recipes.sources import HubOnnx, is_onnx_name
+from winml_recipes.sources import (
+    CatalogName,
+    HfModelId,
+    HubOnnx,
+    LocalHfDir,
+    LocalOnnx,
+    classify,
+    is_onnx_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -542,3 +550,35 @@ def list_onnx(repo_id: str, revision: str | None = None) -> list[HubEntry]:
         }
         entries.append(HubEntry(repo_id, path, sizes[path], sidecars, revision, commit))
     return entries
+
+
+def local_model_file(ref: str, *, base: Path | None = None) -> Path:
+    """The local .onnx file for a command-line model argument: a path, or a Hub ONNX ref
+    (downloaded, with its sidecars). Anything else is a one-line SourceError.
+
+    Here rather than in `sources` (which classifies references): it downloads, and
+    `sources` stays free of the Hub client (no import cycle).
+    """
+    model_ref = classify(ref, base=base)
+    if isinstance(model_ref, CatalogName) and is_onnx_name(ref):
+        raise SourceError("file not found; check the path", where=ref)
+    if isinstance(model_ref, LocalOnnx):
+        if not model_ref.path.exists():
+            raise SourceError("file not found; check the path", where=str(model_ref.path))
+        return model_ref.path
+    if isinstance(model_ref, HubOnnx):
+        import sys
+
+        return download_onnx(model_ref, progress=sys.stderr.isatty()).path
+    if isinstance(model_ref, LocalHfDir):
+        what = (
+            "is a directory, expected an .onnx file"
+            if model_ref.path.is_dir()
+            else ("file not found; check the path")
+        )
+        raise SourceError(what, where=str(model_ref.path))
+    kind = "a Hugging Face model id" if isinstance(model_ref, HfModelId) else "a catalog name"
+    raise SourceError(
+        f"'{ref}' looks like {kind}, not an ONNX file; give a local .onnx path (./model.onnx) "
+        "or a Hub ONNX file (org/repo/path.onnx)"
+    )

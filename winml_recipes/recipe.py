@@ -42,7 +42,8 @@ _MODEL_LINE = re.compile(r"^model:\s*['\"]?([A-Za-z0-9][A-Za-z0-9._-]*)['\"]?\s*
 class Step:
     name: str
     options: dict[str, Any]
-    line: int
+    line: int  # of the rendered recipe; 0 for steps from the presets
+    from_presets: bool = False
 
 
 @dataclass(frozen=True)
@@ -633,7 +634,7 @@ def _components(
         for i, item in enumerate(raw):
             name, options = (item, {}) if isinstance(item, str) else next(iter(item.items()))
             line = loaded.lines.get((*base, i), 1) if base else 0
-            steps.append(Step(name, dict(options or {}), line))
+            steps.append(Step(name, dict(options or {}), line, from_presets=base is None))
         components[cname] = tuple(steps)
         dims[cname] = {**data.get("dims", {}), **own.get("dims", {})}
     return components, dims

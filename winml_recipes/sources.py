@@ -111,33 +111,3 @@ def classify(ref: str, *, revision: str | None = None, base: Path | None = None)
             "for a local path start it with ./ or use an absolute path"
         )
     return HubOnnx(repo_id, "/".join(parts), rev)
-
-
-def local_model_file(ref: str, *, base: Path | None = None) -> Path:
-    """The local .onnx file for a command-line model argument: a path, or a Hub ONNX ref
-    (downloaded, with its sidecars). Anything else is a one-line SourceError."""
-    model_ref = classify(ref, base=base)
-    if isinstance(model_ref, CatalogName) and is_onnx_name(ref):
-        raise SourceError("file not found; check the path", where=ref)
-    if isinstance(model_ref, LocalOnnx):
-        if not model_ref.path.exists():
-            raise SourceError("file not found; check the path", where=str(model_ref.path))
-        return model_ref.path
-    if isinstance(model_ref, HubOnnx):
-        import sys
-
-        from winml_recipes.hub import download_onnx
-
-        return download_onnx(model_ref, progress=sys.stderr.isatty()).path
-    if isinstance(model_ref, LocalHfDir):
-        what = (
-            "is a directory, expected an .onnx file"
-            if model_ref.path.is_dir()
-            else ("file not found; check the path")
-        )
-        raise SourceError(what, where=str(model_ref.path))
-    kind = "a Hugging Face model id" if isinstance(model_ref, HfModelId) else "a catalog name"
-    raise SourceError(
-        f"'{ref}' looks like {kind}, not an ONNX file; give a local .onnx path (./model.onnx) "
-        "or a Hub ONNX file (org/repo/path.onnx)"
-    )

@@ -342,7 +342,7 @@ PLAN_CONTRADICTIONS = [
         "cpu",
         "uint8",
         "  - quantize\n  - quantize: {calibration: {samples: 4}}\n",
-        "model: two quantize steps; keep one (one component is quantized once)",
+        "model: two quantize steps; keep one (once per component)",
         id="two-quantize-steps",
     ),
 ]

@@ -114,8 +114,7 @@ def _plan_component(
     facts = source_facts(source)
     plan = ComponentPlan(cname, source, contract, facts)
     pctx = PlanContext(cname, target, contract, recipe.path.parent, names)
-    seen_quantize = False
-    dequantized = False
+    seen: set[str] = set()
     for i, step in enumerate(steps):
         where = f"{recipe.path}:{step.line}" if step.line else f"{recipe.path}"
         try:
@@ -128,20 +127,17 @@ def _plan_component(
                 )
             options = with_defaults(impl, step.options)
             impl.check(options, pctx)
-            if step.name == "quantize":
-                if seen_quantize:
-                    raise PlanError(
-                        f"{cname}: two quantize steps; keep one (one component is quantized once)"
-                    )
-                seen_quantize = True
-                if facts.quantized and not dequantized and step.line:
-                    raise PlanError(
-                        f"{cname}: quantize on an already-quantized model ({facts.quant_summary});"
-                        " add a dequantize step before it"
-                    )
+            # Declared constraints, the same for every pass (the planner names none).
+            if impl.once_per_component and step.name in seen:
+                raise PlanError(f"{cname}: two {step.name} steps; keep one (once per component)")
+            seen.add(step.name)
+            if impl.needs_float_input and facts.quantized and not step.from_presets:
+                raise PlanError(
+                    f"{cname}: {step.name} on an already-quantized model "
+                    f"({facts.quant_summary}); add a dequantize step before it"
+                )
         except WinmlError as exc:
             raise PlanError(exc.message, where=exc.where or where) from None
-        dequantized |= step.name == "dequantize"
         skip = impl.skip_reason(facts, options, target)
         plan.steps.append(PlannedStep(i, step.name, impl, options, skip, facts, step.line))
         if skip is None:

@@ -35,6 +35,10 @@ class Pass(ABC):
     # False for passes whose output does not depend on the device/precision: their cache
     # entries are shared by every target (an export is reused by cpu and npu builds).
     target_dependent: ClassVar[bool] = True
+    # Declared constraints the planner enforces for any pass: at most one such step per
+    # component; a recipe step on a quantized input is an error (preset steps skip instead).
+    once_per_component: ClassVar[bool] = False
+    needs_float_input: ClassVar[bool] = False
 
     def supports(self, target: Target) -> bool:
         return (self.devices == ANY or target.device in self.devices) and (
@@ -95,17 +99,22 @@ def register(cls: type[Pass]) -> type[Pass]:
 
 
 def _load() -> None:
+    """Every pass, built-in or third-party, comes from the same entry-point group (the
+    built-ins are declared in pyproject.toml), so the engine imports no pass by name."""
     global _loaded
     if _loaded:
         return
     _loaded = True
-    import winml_recipes.passes  # noqa: F401  (registers the built-ins)
-
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         cls = ep.load()
         if not (isinstance(cls, type) and issubclass(cls, Pass)):
             raise PlanError(f"entry point '{ep.name}' in {ENTRY_POINT_GROUP} is not a Pass")
         register(cls)
+    if not _REGISTRY:
+        raise PlanError(
+            f"no passes registered: the {ENTRY_POINT_GROUP} entry points are missing; "
+            "install winml-recipes (pip install -e . in a checkout, or make install)"
+        )
 
 
 def all_passes() -> dict[str, type[Pass]]:

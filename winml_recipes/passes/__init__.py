@@ -1,12 +1,2 @@
-"""Built-in passes; importing this package registers them."""
-
-from winml_recipes.passes import (  # noqa: F401
-    compile,
-    dequantize,
-    export,
-    fix_shapes,
-    fp16,
-    normalize,
-    quantize,
-    verify,
-)
+"""Built-in passes, registered through the `winml_recipes.passes` entry points
+(pyproject.toml), like any third-party pass."""

@@ -30,6 +30,8 @@ class QuantizePass(Pass):
     summary = "Static (calibrated QDQ, QNN rules, mixed precision) or dynamic quantization."
     precisions = precisions_of_kind("integer")
     uses_contract = True
+    once_per_component = True  # one component is quantized once
+    needs_float_input = True
     options_schema = QUANTIZE_OPTIONS_SCHEMA
 
     def check(self, options: dict[str, Any], ctx: PlanContext) -> None:
