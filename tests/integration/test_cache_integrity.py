@@ -224,3 +224,44 @@ def test_a_build_cleans_what_killed_builds_of_other_targets_left(tmp_path) -> No
     assert not killed.exists()
     api.build(recipe, output_root=tmp_path / "out")
     assert sorted(p.name for p in root.iterdir()) == [first.output_dir.name]
+
+
+def test_cache_info_prune_and_verify(tmp_path, monkeypatch) -> None:
+    from tests.conftest import make_mlp_project
+    from winml_recipes.engine.cache import StepCache
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("WINML_RECIPES_CACHE", str(cache))
+    recipe = make_mlp_project(tmp_path / "p", steps="[normalize, fix_shapes]")
+    api.build(recipe, output_root=tmp_path / "out", cache_dir=cache)
+    info = json.loads(cli("cache", "info", "--json").stdout)
+    assert info["root"] == str(cache) and info["entries"] == 2 and info["entry_bytes"] > 0
+    # damage one entry: verify removes it and keeps the other
+    entries = sorted(p for p in cache.glob("??/*") if p.is_dir())
+    model = next(e / "model.onnx" for e in entries if (e / "model.onnx").exists())
+    model.write_bytes(b"\0" * model.stat().st_size)
+    assert cli("cache", "verify").stdout.strip() == "1 entries intact, 1 damaged entries removed"
+    assert StepCache(cache).stats()["entries"] == 1
+    # prune to nothing, then a build recomputes
+    done = cli("cache", "prune", "--max-size", "0MB")
+    assert done.exit_code == 0 and done.stdout.startswith("removed 1 items"), done.output
+    assert StepCache(cache).stats()["entries"] == 0
+    bad = cli("cache", "prune", "--max-size", "lots")
+    assert bad.exit_code == 2 and "--max-size" in bad.stderr
+
+
+def test_prune_removes_the_least_recently_used_first(tmp_path) -> None:
+    from winml_recipes.engine.cache import StepCache
+
+    cache = StepCache(tmp_path / "cache")
+    for i, key in enumerate(["a" * 64, "b" * 64, "c" * 64]):
+        files = tmp_path / f"f{i}"
+        files.mkdir()
+        (files / "blob").write_bytes(b"x" * 1000)
+        cache.put(key, files, {"metrics": {}})
+        os.utime(cache.root / key[:2] / key / "result.json", (1000 + i, 1000 + i))
+    cache.get("a" * 64)  # used now: the newest
+    done = cache.prune(2500)
+    assert done["removed"] == 1
+    left = {p.name[0] for p in cache.root.glob("??/*")}
+    assert left == {"a", "c"}  # b was the least recently used

@@ -68,7 +68,9 @@ def default_budget_mb() -> float:
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gb|g|gib|mb|m|mib)?\s*$", re.IGNORECASE)
 
 
-def parse_budget(text: str | float | int, where: str = "--memory-budget") -> float:
+def parse_budget(
+    text: str | float | int, where: str = "--memory-budget", minimum_mb: float = 64
+) -> float:
     """Megabytes from "12GB", "12g", "9000MB" or a bare number of MB."""
     if isinstance(text, int | float):
         value, unit = float(text), "mb"
@@ -80,8 +82,8 @@ def parse_budget(text: str | float | int, where: str = "--memory-budget") -> flo
             )
         value, unit = float(match.group(1)), (match.group(2) or "mb").lower()
     mb = value * 1024 if unit.startswith("g") else value
-    if mb < 64:
-        raise RecipeError(f"{mb:.0f} MB is too small a memory budget (at least 64 MB)", where=where)
+    if mb < minimum_mb:
+        raise RecipeError(f"{mb:.0f} MB is too small (at least {minimum_mb:g} MB)", where=where)
     return mb
 
 

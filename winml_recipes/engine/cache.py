@@ -8,9 +8,11 @@ the next `put` sweeps.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -94,6 +96,20 @@ def _intact(path: Path, result: dict[str, Any]) -> bool:
     return True
 
 
+_KEY = re.compile(r"[0-9a-f]{64}")
+
+
+def _tree_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def _last_use(entry: Path) -> float:
+    try:
+        return (entry / RESULT_FILE).stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 class StepCache:
     def __init__(self, root: Path | None = None, enabled: bool = True) -> None:
         self.root = root or default_cache_dir()
@@ -112,7 +128,68 @@ class StepCache:
             return None
         if not _intact(path, result):
             return None  # missing, changed, or a link: not trusted; the step runs again
+        with contextlib.suppress(OSError):
+            os.utime(path / RESULT_FILE)  # last use, for `cache prune`
         return CacheEntry(path, result)
+
+    # ------------------------------------------------------------------ maintenance
+
+    def _entries(self) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p for p in self.root.glob("??/*") if p.is_dir() and _KEY.fullmatch(p.name))
+
+    def _stored_outputs(self) -> list[Path]:
+        return sorted((self.root / "upstream").glob("??/*.npz"))
+
+    def stats(self) -> dict[str, Any]:
+        """Entries and bytes: step results, and stored upstream outputs."""
+        entries = self._entries()
+        outputs = self._stored_outputs()
+        return {
+            "root": str(self.root),
+            "entries": len(entries),
+            "entry_bytes": sum(_tree_bytes(p) for p in entries),
+            "stored_outputs": len(outputs),
+            "stored_output_bytes": sum(p.stat().st_size for p in outputs),
+        }
+
+    def prune(self, max_bytes: int) -> dict[str, int]:
+        """Delete the least recently used items until the cache holds at most `max_bytes`.
+
+        Run it while no build is using the cache: an entry a running build reads from may
+        be among the oldest.
+        """
+        items = [(_last_use(p), _tree_bytes(p), p) for p in self._entries()]
+        items += [(p.stat().st_mtime, p.stat().st_size, p) for p in self._stored_outputs()]
+        total = sum(size for _, size, _ in items)
+        removed = freed = 0
+        for _, size, path in sorted(items, key=lambda item: item[0]):
+            if total <= max_bytes:
+                break
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            total -= size
+            removed += 1
+            freed += size
+        return {"removed": removed, "freed_bytes": freed, "remaining_bytes": total}
+
+    def verify(self) -> dict[str, int]:
+        """Hash every entry's files against its record; damaged entries are deleted."""
+        ok = removed = 0
+        for path in self._entries():
+            try:
+                result = json.loads((path / RESULT_FILE).read_text())
+            except (OSError, ValueError):
+                result = None
+            if isinstance(result, dict) and _intact(path, result):
+                ok += 1
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+                removed += 1
+        return {"intact": ok, "removed": removed}
 
     def put(self, key: str, files_dir: Path, result: dict[str, Any]) -> CacheEntry | None:
         """Move the files of `files_dir` into a new entry with `result`; returns the entry
