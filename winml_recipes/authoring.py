@@ -91,6 +91,8 @@ def _tensor(spec: TensorSpec) -> dict:
     out: dict = {"dtype": spec.dtype, "shape": list(spec.shape)}
     if spec.range is not None:
         out["range"] = [float(spec.range[0]), float(spec.range[1])]
+    if spec.values is not None:
+        out["values"] = list(spec.values)
     return out
 
 
@@ -99,18 +101,21 @@ def onnx_entry(
 ) -> tuple[dict, dict[str, int]]:
     """A catalog entry (plain data) with one component, `model`, read from the graph."""
     from winml_recipes.onnx.digest import value_info_dict
-    from winml_recipes.onnx.inputs import specs_from_model
+    from winml_recipes.onnx.inputs import dim_names, specs_from_model
     from winml_recipes.onnx.io import load_model
 
     model = load_model(model_path, load_external_data=False)
     specs, dims = specs_from_model(model)
     dims = _dims_from_shapes(specs, dims, shapes)
+    names = dim_names(model)
     outputs = {}
     for vi in model.graph.output:
         shape = value_info_dict(vi)["shape"] or []
         outputs[vi.name] = {
             "shape": [
-                d if d is not None else f"{_identifier(vi.name)}_dim{i}"
+                names.get((vi.name, i), f"{_identifier(vi.name)}_dim{i}")
+                if not isinstance(d, int) or d <= 0
+                else d
                 for i, d in enumerate(shape)
             ]
         }

@@ -1150,3 +1150,36 @@ def test_build_onnx_of_a_qdq_model_says_what_it_built(tmp_path: Path) -> None:
     done = cli(*base, "--device", "cpu", "--precision", "int8")
     assert done.exit_code == 0, done.stderr
     assert "quantize skipped: source already quantized (QDQ" in done.stdout
+
+
+def test_converter_dim_names_are_renamed_and_settable(tmp_path: Path, monkeypatch) -> None:
+    """Dims as converters write them: paddle2onnx's `p2o.DynamicDimension.0`, `?`, torch
+    dynamo's `((4//s3)) - 1` and a -1 value. The catalog names them `<input>_dim<i>`;
+    --shape sets them; `init` writes an entry that validates."""
+    x = helper.make_tensor_value_info("x", F, ["p2o.DynamicDimension.0", 3, "?", "W"])
+    y = helper.make_tensor_value_info("y", F, ["p2o.DynamicDimension.0", 3, "?", "((4//s3)) - 1"])
+    x.type.tensor_type.shape.dim[3].Clear()
+    x.type.tensor_type.shape.dim[3].dim_value = -1
+    path = _save(_model([helper.make_node("Relu", ["x"], ["y"])], [x], [y]), tmp_path / "p.onnx")
+    base = (
+        "build",
+        "--onnx",
+        path,
+        "--device",
+        "npu",
+        "--precision",
+        "w8a16",
+        "-o",
+        tmp_path / "o",
+    )
+    assert user_error(*base) == (
+        f"{path}: dims with no value (x: x_dim0, x_dim2, x_dim3); give each input's shape, "
+        "e.g. --shape x=Nx3xNxN with N replaced by the sizes the model runs at"
+    )
+    done = cli(*base, "--shape", "x=1x3x48x192", "--json")
+    assert done.exit_code == 0, done.stderr
+    built = onnx.load(str(tmp_path / "o" / "p" / "npu-w8a16" / "model" / "model.onnx"))
+    assert [d.dim_value for d in built.graph.input[0].type.tensor_type.shape.dim] == [1, 3, 48, 192]
+    monkeypatch.chdir(tmp_path)
+    assert cli("init", str(path), "--name", "conv").exit_code == 0
+    assert cli("validate", tmp_path / "recipes" / "conv.yaml").exit_code == 0

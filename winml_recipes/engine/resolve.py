@@ -153,14 +153,11 @@ def model_facts(path: Path) -> ModelFacts:
     model = load_model(path, load_external_data=False)
     quant = detect_quantization(model)
     normalized = is_normalized(model, base_dir=path.parent)
-    dynamic = sorted(
-        {
-            d.dim_param
-            for vi in model.graph.input
-            for d in vi.type.tensor_type.shape.dim
-            if d.dim_param
-        }
-    )
+    from winml_recipes.onnx.inputs import dim_names
+
+    inputs = {vi.name for vi in graph_inputs(model.graph)}
+    # named, unnamed and converter-style (-1, 0) dynamic dims of the inputs
+    dynamic = sorted({n for (t, _), n in dim_names(model).items() if t in inputs})
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     sidecars = sidecar_paths(path)
     return ModelFacts(

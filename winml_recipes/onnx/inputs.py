@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -58,21 +59,58 @@ def _draw(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) ->
     raise ValueError(f"input '{spec.name}': cannot generate data of dtype {spec.dtype}")
 
 
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Integer inputs whose only safe synthetic value is known from the name (BERT-style).
+_KNOWN_VALUES = {"token_type_ids": (0,), "attention_mask": (1,)}
+
+
+def dim_names(model: onnx.ModelProto) -> dict[tuple[str, int], str]:
+    """A catalog name for every dynamic dim of the graph's inputs and outputs, by
+    (tensor, position).
+
+    Converters write dims no catalog can name: `p2o.DynamicDimension.0`, `?`, torch
+    dynamo's `((4//s3)) - 1`, or a value of -1 or 0. Identifier names are kept; any other
+    dynamic dim becomes `<tensor>_dim<i>`, and the same raw name maps to the same catalog
+    name everywhere, so dims the model shares stay shared.
+    """
+    raw_to_name: dict[str, str] = {}
+    out: dict[tuple[str, int], str] = {}
+    for vi in [*graph_inputs(model.graph), *model.graph.output]:
+        for i, d in enumerate(vi.type.tensor_type.shape.dim):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                continue
+            raw = d.dim_param if d.HasField("dim_param") else ""
+            fallback = re.sub(r"\W", "_", f"{vi.name}_dim{i}")
+            if not re.match(r"[A-Za-z_]", fallback):
+                fallback = f"_{fallback}"
+            if raw and _IDENTIFIER.match(raw):
+                name = raw
+            elif raw:
+                name = raw_to_name.setdefault(raw, fallback)
+            else:
+                name = fallback
+            out[(vi.name, i)] = name
+    return out
+
+
 def specs_from_model(model: onnx.ModelProto) -> tuple[list[TensorSpec], dict[str, int]]:
     """Input specs read from the graph, for models without an I/O contract.
 
-    Named dims (and unknown dims, named `<input>_dim<i>`) default to 1.
+    Dynamic dims get catalog names (`dim_names`) and default to 1. Integer inputs named
+    token_type_ids / attention_mask get their one safe value (0 / 1); other integers a
+    small range (an index into a table the model may not have more of).
     """
     specs: list[TensorSpec] = []
     dims: dict[str, int] = {}
+    names = dim_names(model)
     for vi in graph_inputs(model.graph):
         tt = vi.type.tensor_type
         shape: list[int | str] = []
         for i, d in enumerate(tt.shape.dim):
-            if d.HasField("dim_value"):
+            if (vi.name, i) not in names:
                 shape.append(int(d.dim_value))
             else:
-                name = d.dim_param or f"{vi.name}_dim{i}"
+                name = names[(vi.name, i)]
                 dims.setdefault(name, DEFAULT_DIM)
                 shape.append(name)
         dtype = dtype_name(tt.elem_type)
@@ -82,5 +120,8 @@ def specs_from_model(model: onnx.ModelProto) -> tuple[list[TensorSpec], dict[str
             value_range = DEFAULT_FLOAT_RANGE
         elif np_dtype is not None and np.issubdtype(np_dtype, np.integer):
             value_range = DEFAULT_INT_RANGE
-        specs.append(TensorSpec(vi.name, dtype, tuple(shape), value_range))
+        values = _KNOWN_VALUES.get(vi.name) if value_range == DEFAULT_INT_RANGE else None
+        if values is not None:
+            value_range = None
+        specs.append(TensorSpec(vi.name, dtype, tuple(shape), value_range, values))
     return specs, dims

@@ -98,9 +98,9 @@ def _dims_by_position(model, ctx: StepContext, values: dict[str, int]) -> dict[s
         except Exception:
             continue  # a named dim without a value: left to the name rule below
         for i, d in enumerate(dims):
-            if d.HasField("dim_value"):
+            if d.HasField("dim_value") and d.dim_value > 0:
                 continue
-            if not d.dim_param:
+            if not d.dim_param:  # unnamed, or a converter's -1 / 0
                 d.dim_value = int(want[i])  # an unnamed dynamic dim: fixed in place
                 continue
             if out.get(d.dim_param, want[i]) != want[i]:
