@@ -84,10 +84,11 @@ def build_onnx(
     A catalog entry and a recipe are generated into a temporary directory and built
     through the same loader, validator and engine as any recipe.
     """
+    import re
     import tempfile
 
     from winml_recipes.authoring import write_adhoc_project
-    from winml_recipes.errors import SourceError
+    from winml_recipes.errors import SourceError, WinmlError
     from winml_recipes.presets import default_precision, resolve_target
 
     model = Path(model)
@@ -96,9 +97,14 @@ def build_onnx(
     precision = precision or default_precision(device)
     resolve_target(device, precision)
     with tempfile.TemporaryDirectory(prefix="winml-adhoc-") as tmp:
-        recipe = write_adhoc_project(model, Path(tmp), device, precision, shapes or {})
-        return build(recipe, device=device, precision=precision,
-                     catalog_dir=Path(tmp) / "catalog", **kwargs)  # fmt: skip
+        try:
+            recipe = write_adhoc_project(model, Path(tmp), device, precision, shapes or {})
+            return build(recipe, device=device, precision=precision,
+                         catalog_dir=Path(tmp) / "catalog", **kwargs)  # fmt: skip
+        except WinmlError as exc:
+            # The generated recipe and catalog are deleted with the folder: name the model.
+            exc.where = re.sub(re.escape(tmp) + r"[^:\s]*(:\d+)?", str(model), exc.where)
+            raise
 
 
 def compare(

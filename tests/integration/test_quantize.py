@@ -1183,3 +1183,40 @@ def test_converter_dim_names_are_renamed_and_settable(tmp_path: Path, monkeypatc
     monkeypatch.chdir(tmp_path)
     assert cli("init", str(path), "--name", "conv").exit_code == 0
     assert cli("validate", tmp_path / "recipes" / "conv.yaml").exit_code == 0
+
+
+@pytest.mark.parametrize(("device", "precision"), [("cpu", "int8"), ("npu", "w8a16")])
+def test_opset_12_models_quantize(tmp_path: Path, device: str, precision: str) -> None:
+    """Converted models are often opset 11/12. Per-channel used to write a DequantizeLinear
+    with `axis` (opset 13+) and w8a16 crashed in onnxruntime's own opset upgrade (its
+    Softmax adapter makes tensors the calibrated ranges lack). The model is moved to opset
+    13 before calibration."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((8, 16)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((16, 4)).astype(np.float32), "w2")
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h"]),
+            helper.make_node("Softmax", ["h"], ["p"], axis=1),
+            helper.make_node("MatMul", ["p", "w2"], ["y"]),
+        ],
+        "old",
+        [helper.make_tensor_value_info("x", F, ["batch", 8])],
+        [helper.make_tensor_value_info("y", F, ["batch", 4])],
+        [w1, w2],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)], ir_version=7)
+    path = _save(model, tmp_path / "old.onnx")
+    done = cli(
+        "build", "--onnx", path, "--device", device, "--precision", precision,
+        "--shape", "x=2x8", "-o", tmp_path / "o", "--json",
+    )  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    manifest = json.loads(done.stdout)
+    steps = {s["pass"]: s for s in manifest["components"]["model"]["steps"]}
+    assert steps["quantize"]["status"] == "ran"
+    assert steps["verify"]["metrics"]["outputs"]["y"]["sqnr_db"] > 20
+    built = onnx.load(
+        str(tmp_path / "o" / "old" / f"{device}-{precision}" / "model" / "model.onnx")
+    )
+    assert next(o.version for o in built.opset_import if o.domain in ("", "ai.onnx")) >= 13

@@ -181,6 +181,12 @@ def _static(
         for_calibration=True,
     )
     model = load_model(src)
+    upgraded = _upgrade_opset(model, cfg)
+    if upgraded is not None:
+        from winml_recipes.onnx.io import save_model
+
+        model = upgraded
+        src = save_model(model, ctx.work_dir / "opset-upgraded" / "model.onnx")
     dropped: list[str] = []
     rewrites: dict[str, int] = {}
     if cfg.qnn:
@@ -277,6 +283,45 @@ class _Counted:
             yield feed
             if self.on_sample is not None:
                 self.on_sample(seen)
+
+
+def _required_opset(cfg: QuantConfig) -> int:
+    """13 when the output needs per-channel DequantizeLinear (`axis`) or 16-bit types
+    (onnxruntime then moves the model to 21 itself; from 13 on that needs no op adapter
+    that changes the graph, unlike Softmax's below 13), else 10."""
+    sixteen = cfg.activation_type.endswith("16") or cfg.weight_type.endswith("16")
+    return 13 if cfg.per_channel or sixteen else 10
+
+
+def _upgrade_opset(model, cfg: QuantConfig):
+    """The model converted to the opset its quantized form needs, or None if it has it.
+
+    onnxruntime's quantizer upgrades an old model itself, after our calibration: the ranges
+    were then computed on the old graph, and the opset adapters (Softmax below 13, ...) make
+    tensors that have none ("Only an existing tensor can be modified"); below 13 a
+    per-channel DequantizeLinear gets an `axis` the opset does not have. Converting first,
+    with onnx's version converter, calibrates the graph that is quantized.
+    """
+    import onnx
+    from onnx import version_converter
+
+    from winml_recipes.errors import PassError
+
+    current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    needed = _required_opset(cfg)
+    if current >= needed:
+        return None
+    try:
+        converted = version_converter.convert_version(model, needed)
+        onnx.checker.check_model(converted, full_check=False)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise PassError(
+            f"the model is opset {current} and its quantized form needs opset {needed}; "
+            f"onnx's version converter failed ({first}); convert the model to opset {needed} "
+            "with the exporter that made it"
+        ) from None
+    return converted
 
 
 def _quantized_bins(activation_type: str, num_bins: int) -> int:

@@ -167,12 +167,24 @@ def open_session(
     return RuntimeSession(session, ep, str(path), _placement(session, ep))
 
 
+# onnxruntime's load errors repeat the path and node signature before the cause; the
+# cause ("Unrecognized attribute: axis for operator DequantizeLinear") is what helps.
+_ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : (Load model from .*? failed:)?")
+_NODE_SIGNATURE = re.compile(r"In Node, \(.*?\) : \(.*?\) -> \(.*?\) , Error ", re.S)
+
+
+def _load_error(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    text = _NODE_SIGNATURE.sub("", _ORT_PREFIX.sub("", text))
+    return text[:300] if text else type(exc).__name__
+
+
 def _create(path: Path, so: ort.SessionOptions, **kwargs: Any) -> ort.InferenceSession:
     try:
         return ort.InferenceSession(str(path), sess_options=so, **kwargs)
     except Exception as exc:  # ORT raises Fail / InvalidGraph / NotImplemented / EP_FAIL
         raise ModelFileError(
-            f"onnxruntime cannot load the model: {_first_line(exc)}", where=str(path)
+            f"onnxruntime cannot load the model: {_load_error(exc)}", where=str(path)
         ) from None
 
 
