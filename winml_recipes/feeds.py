@@ -133,6 +133,14 @@ def check_npz(files: list[Path], contract: IOContract) -> int:
                     f"expected {_spec_text(spec, contract.dims)}"
                 )
             if _matches(shape, want, spec) and not _too_big(shape, want):
+                if _batch_ambiguous(shape, want, spec):
+                    raise PlanError(
+                        f"calibration.npz: {path.name}: input '{spec.name}' has shape "
+                        f"{list(shape)} where the catalog says {_spec_text(spec, contract.dims)}"
+                        f": one sample of {spec.shape[0]} {shape[0]}, or {shape[0]} samples? "
+                        f"Stack samples on a new leading axis ({[shape[0], 1, *shape[1:]]}), "
+                        f"or set dims {spec.shape[0]}: {shape[0]} to calibrate with that batch"
+                    )
                 count = 1
             elif (
                 len(shape) == len(want) + 1
@@ -167,6 +175,12 @@ def _too_big(got: tuple[int, ...], want: tuple[int, ...]) -> bool:
     )
 
 
+def _batch_ambiguous(got: tuple[int, ...], want: tuple[int, ...], spec: TensorSpec) -> bool:
+    """A leading named dim valued 1 (a batch) that the array fills with more: it may be a
+    stack of samples missing their batch axis as well as one bigger batch."""
+    return bool(got) and isinstance(spec.shape[0], str) and want[0] == 1 and got[0] != 1
+
+
 def _matches(got: tuple[int, ...], want: tuple[int, ...], spec: TensorSpec) -> bool:
     """Static dims must match; named (dynamic) dims may take any value."""
     if len(got) != len(want):
@@ -174,12 +188,15 @@ def _matches(got: tuple[int, ...], want: tuple[int, ...], spec: TensorSpec) -> b
     return all(isinstance(d, str) or g == w for g, w, d in zip(got, want, spec.shape, strict=True))
 
 
-def from_npz(files: list[Path], contract: IOContract, samples: int) -> FeedFactory:
+def from_npz(files: list[Path], contract: IOContract, samples: int, skip: int = 0) -> FeedFactory:
+    """Samples from npz files in order, after the first `skip` (held-out data must not be
+    the calibration samples)."""
     names = [s.name for s in contract.inputs]
     static = {s.name: len(resolve_shape(s, contract.dims)) for s in contract.inputs}
 
     def gen() -> Iterator[Feed]:
         produced = 0
+        skipped = 0
         for path in files:
             with np.load(path, allow_pickle=False) as data:
                 arrays = {n: data[n] for n in names}  # each array read once per file
@@ -187,6 +204,9 @@ def from_npz(files: list[Path], contract: IOContract, samples: int) -> FeedFacto
             stacked = first.ndim == static[names[0]] + 1
             count = first.shape[0] if stacked else 1
             for i in range(count):
+                if skipped < skip:
+                    skipped += 1
+                    continue
                 if produced >= samples:
                     return
                 yield {n: (arrays[n][i] if stacked else arrays[n]) for n in names}
@@ -208,7 +228,9 @@ def image_files(folder: str, base: Path) -> list[Path]:
     return files
 
 
-def from_images(files: list[Path], contract: IOContract, samples: int, seed: int) -> FeedFactory:
+def from_images(
+    files: list[Path], contract: IOContract, samples: int, seed: int, skip: int = 0
+) -> FeedFactory:
     image_inputs = [s for s in contract.inputs if s.image is not None]
     if len(image_inputs) != 1:
         raise PlanError(
@@ -222,7 +244,7 @@ def from_images(files: list[Path], contract: IOContract, samples: int, seed: int
     rest = synthetic(others, samples, seed)
 
     def gen() -> Iterator[Feed]:
-        for path, extra in zip(files[:samples], rest(), strict=False):
+        for path, extra in zip(files[skip : skip + samples], rest(), strict=False):
             yield {target.name: preprocess_image(path, target), **extra}
 
     return gen
@@ -434,8 +456,12 @@ def feeds_for(
     seed: int,
     store: Path | None = None,
     for_calibration: bool = False,
+    skip: int = 0,
 ) -> FeedFactory:
     """The feed source described by calibration-style options (npz, images, inputs_from).
+
+    `skip` leaves out the first samples of npz files and image folders (held-out data
+    after the calibration samples); seeded sources differ by their seed instead.
 
     With `for_calibration`, an upstream component's inputs come from the float model its
     own calibration ran (whose outputs that calibration stored), else from its reference.
@@ -443,10 +469,21 @@ def feeds_for(
     opts = dict(options or {})
     if opts.get("npz"):
         files = npz_files(opts["npz"], base)
-        check_npz(files, contract)
-        return from_npz(files, contract, samples)
+        available = check_npz(files, contract)
+        if skip and available <= skip:
+            raise PlanError(
+                f"calibration.npz: {available} samples, all used for calibration; held-out "
+                f"scoring needs more (add samples beyond the first {skip})"
+            )
+        return from_npz(files, contract, samples, skip)
     if opts.get("images"):
-        return from_images(image_files(opts["images"], base), contract, samples, seed)
+        images = image_files(opts["images"], base)
+        if skip and len(images) <= skip:
+            raise PlanError(
+                f"calibration.images: {len(images)} images, all used for calibration; "
+                f"held-out scoring needs more (add images beyond the first {skip})"
+            )
+        return from_images(images, contract, samples, seed, skip)
     if opts.get("inputs_from"):
         up = upstream[opts["inputs_from"]]
         if (up.calibration or {}).get("inputs_from"):

@@ -785,7 +785,10 @@ def test_mixed_precision_glob_matching_nothing(isolated) -> None:
         "mlp", "steps: [{quantize: {mixed_precision: [{tensors: ['nope*'], type: uint16}]}}]\n"
     )
     message = assert_run_error_wrote_nothing(isolated, recipe, "cpu", "uint8")
-    assert message == "model/quantize: mixed_precision: tensor glob 'nope*' matches no activation"
+    assert message == (
+        f"{recipe}:10: model/quantize [cpu/uint8]: mixed_precision: tensor glob 'nope*' "
+        "matches no activation"
+    )
     recipe = isolated.recipe(
         "mlp", "steps: [{quantize: {mixed_precision: [{nodes: ['mm9'], type: float}]}}]\n"
     )

@@ -408,3 +408,18 @@ def test_pipes_are_refused_as_npz_and_images(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "imgs" / "cat.png")
     with pytest.raises(PlanError, match=r"cat\.png is not a regular file"):
         image_files("imgs", tmp_path)
+
+
+def test_npz_batch_1_filled_with_more_rows_is_ambiguous(tmp_path: Path) -> None:
+    """[batch=1, 32] and an (8, 32) array: 8 samples without their batch axis, or one
+    batch of 8? It used to pass planning, then fail on npu and calibrate one batch-8 sample
+    on cpu; now it asks."""
+    contract = IOContract((TensorSpec("ids", "int64", ("batch", 32), (0, 100)),), (), {"batch": 1})
+    flat = _npz(tmp_path / "flat.npz", ids=np.zeros((8, 32), np.int64))
+    with pytest.raises(PlanError) as err:
+        check_npz([flat], contract)
+    assert "one sample of batch 8, or 8 samples? Stack samples on a new leading axis" in str(
+        err.value
+    )
+    stacked = _npz(tmp_path / "stacked.npz", ids=np.zeros((8, 1, 32), np.int64))
+    assert check_npz([stacked], contract) == 8

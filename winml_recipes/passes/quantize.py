@@ -261,6 +261,7 @@ def _static(
             seed + HELD_OUT_SEED_OFFSET,
             ctx.store,
             for_calibration=True,
+            skip=cal.samples,  # files and folders: the samples after the calibration ones
         )
         metrics["mixed_precision_auto"] = promote(
             src, out, cfg, ranges_path, overrides, exclude, held_out, ctx, shared
