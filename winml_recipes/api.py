@@ -77,9 +77,13 @@ def build_onnx(
     device: str,
     precision: str | None = None,
     shapes: dict[str, tuple[int, ...]] | None = None,
+    data: str | None = None,
     **kwargs: Any,
 ) -> BuildResult:
     """Build a local ONNX file from the presets, without writing a recipe.
+
+    `data`: a glob of .npz files with the model's inputs; calibration uses the first 16
+    samples and verification the ones after them (default: seeded synthetic inputs).
 
     A catalog entry and a recipe are generated into a temporary directory and built
     through the same loader, validator and engine as any recipe.
@@ -98,7 +102,9 @@ def build_onnx(
     resolve_target(device, precision)
     with tempfile.TemporaryDirectory(prefix="winml-adhoc-") as tmp:
         try:
-            recipe = write_adhoc_project(model, Path(tmp), device, precision, shapes or {})
+            recipe = write_adhoc_project(
+                model, Path(tmp), device, precision, shapes or {}, data=data
+            )
             return build(recipe, device=device, precision=precision,
                          catalog_dir=Path(tmp) / "catalog", **kwargs)  # fmt: skip
         except WinmlError as exc:

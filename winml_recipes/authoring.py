@@ -138,11 +138,17 @@ def onnx_entry(
 
 
 def write_adhoc_project(
-    model_path: Path, root: Path, device: str, precision: str, shapes: Mapping[str, tuple[int, ...]]
+    model_path: Path,
+    root: Path,
+    device: str,
+    precision: str,
+    shapes: Mapping[str, tuple[int, ...]],
+    data: str | None = None,
 ) -> Path:
     """root/catalog/NAME.yaml + root/recipes/NAME.yaml for one target; returns the recipe.
 
-    Every dynamic dim needs a value from --shape (batch-like dims default to 1).
+    Every dynamic dim needs a value from --shape (batch-like dims default to 1). `data`
+    (an npz glob): calibration reads its first samples, verification the ones after them.
     """
     name = re.sub(r"[^A-Za-z0-9._-]", "-", model_path.stem) or "model"
     entry, _ = onnx_entry(model_path, name, shapes)
@@ -173,9 +179,30 @@ def write_adhoc_project(
         "description": f"Ad-hoc build of {name} from the presets",
         "targets": [{"device": device, "precision": precision}],
     }
+    if data is not None:
+        recipe["steps"] = _steps_with_data(device, precision, str(Path(data).resolve()))
     path = root / "recipes" / f"{name}.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path
+
+
+CALIBRATION_SAMPLES = 16  # the calibration schema's default
+
+
+def _steps_with_data(device: str, precision: str, data: str) -> list:
+    """The preset steps, with calibration on the first samples of `data` and verification
+    on the samples after them."""
+    from winml_recipes.presets import default_steps, resolve_target
+
+    steps = []
+    for step in default_steps(resolve_target(device, precision)):
+        name, options = (step, {}) if isinstance(step, str) else next(iter(step.items()))
+        if name == "quantize":
+            options = {**options, "calibration": {"npz": data, "samples": CALIBRATION_SAMPLES}}
+        elif name == "verify":
+            options = {**options, "npz": data, "skip": CALIBRATION_SAMPLES}
+        steps.append({name: options} if options else name)
+    return steps
 
 
 # Dims whose value 1 is a safe guess; any other dynamic dim gets a TODO in `init` output.

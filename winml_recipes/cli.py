@@ -178,6 +178,12 @@ def plan(recipe, device, precision, defines, catalog_dir, source, as_json) -> No
     metavar="NAME=DxD...",
     help="With --onnx: an input's shape, e.g. pixel_values=1x3x224x224 (repeatable).",
 )
+@click.option(
+    "--data",
+    metavar="GLOB",
+    help="With --onnx: .npz files of real inputs; calibration uses the first 16 samples, "
+    "verification the ones after them (default: seeded synthetic inputs).",
+)
 def build(
     recipe,
     device,
@@ -193,6 +199,7 @@ def build(
     as_json,
     onnx_file,
     shapes,
+    data,
 ) -> None:
     """Build a recipe for one target (default: its first) or --all-targets.
 
@@ -220,6 +227,7 @@ def build(
                 device=device,
                 precision=precision,
                 shapes=parse_shapes(shapes),
+                data=data,
                 output_root=output_root,
                 use_cache=not no_cache,
                 reporter=reporter,
@@ -231,8 +239,11 @@ def build(
         else:
             _print_summary(result)
         return
-    if shapes:
-        raise RecipeError("--shape is only for --onnx; recipes take shapes from the catalog")
+    if shapes or data:
+        raise RecipeError(
+            "--shape and --data are only for --onnx; recipes take shapes from the catalog "
+            "and data from calibration.npz / verify.npz"
+        )
     if recipe is None:
         raise RecipeError("missing RECIPE (e.g. recipes/sam3-tiny.yaml) or --onnx FILE")
     kwargs = _load_kwargs(device, precision, defines, catalog_dir, source)

@@ -40,6 +40,23 @@ class VerifyPass(Pass):
             "max_abs": _THRESHOLDS["max_abs"],
             "samples": {"type": "integer", "minimum": 1, "maximum": 64, "default": 2},
             "seed": {"type": "integer", "minimum": 0, "default": 0},
+            "npz": {
+                "type": "string",
+                "description": "Held-out data: .npz files (a glob, relative to the recipe), "
+                "as for calibration; the first `skip` samples are left out.",
+            },
+            "images": {
+                "type": "string",
+                "description": "Held-out data: an image folder, preprocessed as the catalog "
+                "input's `image:` block says.",
+            },
+            "skip": {
+                "type": "integer",
+                "minimum": 0,
+                "default": 0,
+                "description": "With npz/images: leave out the first N samples (e.g. the "
+                "ones calibration used from the same files).",
+            },
             "inputs_from": {
                 "type": "string",
                 "description": "Feed the inputs that this component's float model produces "
@@ -124,12 +141,23 @@ class VerifyPass(Pass):
                 )
         if options.get("inputs_from"):
             check_component(options["inputs_from"], ctx, "verify.inputs_from")
+        chosen = [k for k in ("npz", "images", "inputs_from") if options.get(k)]
+        if len(chosen) > 1:
+            raise PlanError(f"verify: {' and '.join(chosen)} are two data sources; keep one")
+        if options.get("npz"):
+            from winml_recipes.feeds import check_npz, npz_files
+
+            check_npz(npz_files(options["npz"], ctx.recipe_dir), ctx.contract)
+        if options.get("images"):
+            from winml_recipes.feeds import image_files
+
+            image_files(options["images"], ctx.recipe_dir)
 
     def key_material(self, options: dict[str, Any], ctx: StepContext) -> Any:
         from winml_recipes.feeds import upstream_data_digest
         from winml_recipes.runtime.providers import identity, provider_for_device
 
-        source = {"inputs_from": options["inputs_from"]} if options.get("inputs_from") else None
+        source = _data_source(options)
         # A result measured on the CPU simulation must not be served once the EP loads.
         return {
             "data": upstream_data_digest(source, ctx.upstream, ctx.recipe_dir),
@@ -161,9 +189,15 @@ class VerifyPass(Pass):
         contract = ctx.contract
         # Verification seeds differ from calibration seeds: quality is measured on unseen data.
         seed = options["seed"] + ctx.seed + 7919
-        source = {"inputs_from": options["inputs_from"]} if options.get("inputs_from") else None
         factory = feeds_for(
-            source, contract, ctx.recipe_dir, ctx.upstream, options["samples"], seed, ctx.store
+            _data_source(options),
+            contract,
+            ctx.recipe_dir,
+            ctx.upstream,
+            options["samples"],
+            seed,
+            ctx.store,
+            skip=options["skip"],
         )
         feeds = take(factory, options["samples"])
         # An upstream component's reference outputs are kept for its downstream's verify.
@@ -198,6 +232,12 @@ class VerifyPass(Pass):
                 f"verification on {target.verified_on} failed: " + "; ".join(failures)
             )
         return StepResult(None, record)
+
+
+def _data_source(options: dict[str, Any]) -> dict[str, Any] | None:
+    """Calibration-style data options for feeds_for (None: seeded synthetic inputs)."""
+    source = {k: options[k] for k in ("npz", "images", "inputs_from") if options.get(k)}
+    return source or None
 
 
 def _check_output_shapes(outputs: dict[str, Any], ctx: StepContext) -> None:
