@@ -105,11 +105,13 @@ def quantization_damage(
 ) -> tuple[float, dict[str, float]]:
     """Output SQNR (dB, worst output) when ONLY this activation is quantized.
 
-    Each activation's Q/DQ pair is gated: consumers read T + g * (DQ(Q(T)) - T), with g a
-    scalar input. With every gate at 0 the model computes in float; opening one gate at a
-    time measures the damage that tensor's quantization alone does to the outputs, in one
-    onnxruntime session. (A tensor's own noise says little: SAM's prompt encoder turns a
-    small error in the point coordinates into a large one through sin/cos features.)
+    Each activation's Q/DQ pair is gated: consumers read Where(g > 0.5, DQ(Q(T)), T), with
+    g a scalar input. With every gate at 0 the model computes in float; opening one gate at
+    a time measures the damage that tensor's quantization alone does to the outputs, in one
+    onnxruntime session. (A blend T + g * (DQ(Q(T)) - T) is NaN wherever T is infinite, as
+    in an additive attention mask: 0 * inf. A tensor's own noise says little: SAM's prompt
+    encoder turns a small error in the point coordinates into a large one through sin/cos
+    features.)
     """
 
     from winml_recipes.onnx.io import load_model, save_model
@@ -118,8 +120,12 @@ def quantization_damage(
 
     model = load_model(qdq_model)
     pairs = _activation_pairs(model)
+    # graph only: the Clip bounds copied below are scalars, stored inline
     float_graph = load_model(float_model, load_external_data=False).graph
     float_producer = {o: n for n in float_graph.node for o in n.output}
+    float_init = {t.name: t for t in float_graph.initializer}
+    have = {t.name for t in model.graph.initializer} | {i.name for i in model.graph.input}
+    have |= {o for n in model.graph.node for o in n.output}
     gates: dict[str, str] = {}
     new_nodes = []
     producers = {o: n for n in model.graph.node for o in n.output}
@@ -142,14 +148,18 @@ def quantization_damage(
             and producers[tensor].op_type != folded.op_type
         ):
             exact = f"{raw}_float"
+            for bound in folded.input[1:]:  # Clip's min/max: gone from the QDQ graph
+                if bound and bound not in have:
+                    new_nodes += _copy_constant(bound, float_init, float_producer, model)
+                    have.add(bound)
             new_nodes.append(
                 onnx.helper.make_node(folded.op_type, [tensor, *folded.input[1:]], [exact])
             )
         new_nodes += [
-            onnx.helper.make_node("Sub", [raw, exact], [f"{raw}_d"]),
-            onnx.helper.make_node("Mul", [f"{raw}_d", gate], [f"{raw}_m"]),
-            onnx.helper.make_node("Add", [exact, f"{raw}_m"], [dq_out]),
+            onnx.helper.make_node("Greater", [gate, HALF], [f"{raw}_open"]),
+            onnx.helper.make_node("Where", [f"{raw}_open", raw, exact], [dq_out]),
         ]
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(0.5, np.float32), HALF))
     model.graph.node.extend(new_nodes)
     _toposort(model.graph)
     session = load_session(save_model(model, work_dir / "gated.onnx"))
@@ -166,6 +176,26 @@ def quantization_damage(
 
     damage = {t.removesuffix(RENAMED_SUFFIX): worst_sqnr(g) for t, g in gates.items()}
     return worst_sqnr(None), damage
+
+
+HALF = "winml_gate_half"
+
+
+def _copy_constant(
+    name: str,
+    float_init: dict[str, onnx.TensorProto],
+    float_producer: dict[str, onnx.NodeProto],
+    model: onnx.ModelProto,
+) -> list[onnx.NodeProto]:
+    """Bring a constant the float graph has (an initializer, or a Constant node's output)
+    into the gated graph; returns nodes to add."""
+    if name in float_init:
+        model.graph.initializer.append(float_init[name])
+        return []
+    node = float_producer.get(name)
+    if node is not None and node.op_type == "Constant":
+        return [node]
+    raise PassError(f"cannot re-apply a folded activation: its input '{name}' is not a constant")
 
 
 def _toposort(graph: onnx.GraphProto) -> None:
