@@ -266,8 +266,10 @@ def _write_init(
     for path in (catalog_path, recipe_path):
         if path.exists():
             raise RecipeError(f"init: {path} exists; init never overwrites (choose --name)")
-    catalog_text = "# yaml-language-server: $schema=../schemas/catalog.schema.json\n" + _with_todos(
-        yaml.safe_dump(entry, sort_keys=False), dims
+    schemas = _project_schemas(catalog_dir.parent)
+    catalog_text = (
+        f"# yaml-language-server: $schema={_relative(schemas['catalog'], catalog_dir)}\n"
+        + _with_todos(yaml.safe_dump(entry, sort_keys=False), dims)
     )
     recipe = {
         "schema_version": 1,
@@ -277,7 +279,7 @@ def _write_init(
         "targets": [{"device": d, "precision": p} for d, p in INIT_TARGETS],
     }
     recipe_text = (
-        "# yaml-language-server: $schema=../schemas/recipe.schema.json\n"
+        f"# yaml-language-server: $schema={_relative(schemas['recipe'], recipes_dir)}\n"
         + yaml.safe_dump(recipe, sort_keys=False)
     )
     catalog_dir.mkdir(parents=True, exist_ok=True)
@@ -285,6 +287,25 @@ def _write_init(
     catalog_path.write_text(catalog_text)
     recipe_path.write_text(recipe_text)
     return catalog_path, recipe_path
+
+
+def _project_schemas(root: Path) -> dict[str, Path]:
+    """root/schemas/{recipe,catalog}.schema.json, written when missing, so the `$schema`
+    comments resolve in any project folder (not only in this repository)."""
+    from winml_recipes.schemas import render
+
+    out = {}
+    for kind in ("recipe", "catalog"):
+        path = root / "schemas" / f"{kind}.schema.json"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(render(kind))  # the same text as `schema --write`
+        out[kind] = path
+    return out
+
+
+def _relative(target: Path, start: Path) -> str:
+    return Path(os.path.relpath(target.resolve(), start.resolve())).as_posix()
 
 
 def _init_export_project(

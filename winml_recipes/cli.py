@@ -636,7 +636,9 @@ def init(model_ref, name, catalog_dir, recipes_dir) -> None:
         model_ref, name=name, catalog_dir=catalog_dir, recipes_dir=recipes_dir
     )
     click.echo(f"wrote {catalog_path}\nwrote {recipe_path}")
-    click.echo(f"next: winml-recipes validate {recipe_path}")
+    beside = recipe_path.parent.parent / "catalog"
+    flag = "" if beside.resolve() == catalog_dir.resolve() else f" --catalog {catalog_dir}"
+    click.echo(f"next: winml-recipes validate {recipe_path}{flag}")
 
 
 @main.group()

@@ -224,3 +224,22 @@ def test_init_from_a_hub_ref_pins_the_commit(local_hub, tmp_path, monkeypatch) -
     }
     plan = api.plan(tmp_path / "recipes" / "tiny-mlp.yaml")
     assert plan.components[0].source.revision == local_hub.commit("acme/tiny-mlp")
+
+
+def test_init_outside_the_repo_writes_a_project_that_resolves(tmp_path, monkeypatch) -> None:
+    """From any folder: the `$schema` comments point at files that exist, and the printed
+    next command works as printed (it names the catalog folder when it is not the default)."""
+    import re
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    model = make_mlp_onnx(tmp_path / "m.onnx")
+    result = cli("init", str(model), "--name", "m", "--catalog", "entries", "--recipes", "r")
+    assert result.exit_code == 0, result.stderr
+    for written in (tmp_path / "entries" / "m.yaml", tmp_path / "r" / "m.yaml"):
+        ref = re.search(r"\$schema=(\S+)", written.read_text()).group(1)
+        assert (written.parent / ref).is_file(), ref
+    next_line = result.stdout.strip().splitlines()[-1]
+    assert next_line == "next: winml-recipes validate r/m.yaml --catalog entries"
+    args = shlex.split(next_line.removeprefix("next: winml-recipes "))
+    assert cli(*args).exit_code == 0

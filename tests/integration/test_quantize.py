@@ -1243,3 +1243,70 @@ def test_build_onnx_with_real_data_calibrates_and_verifies_on_it(tmp_path: Path)
     np.savez(tmp_path / "few.npz", x=rng.uniform(100, 200, (16, 2, 4)).astype(np.float32))
     few = user_error(*base[:-1], "--data", str(tmp_path / "few.npz"))
     assert "16 samples, all used for calibration" in few
+
+
+def _auto_build(tmp_path: Path, model: onnx.ModelProto, shape: str) -> dict:
+    path = _save(model, tmp_path / "m.onnx")
+    (tmp_path / "p").mkdir()
+    done = cli("init", str(path), "--name", "m", "--catalog", tmp_path / "p" / "catalog",
+               "--recipes", tmp_path / "p" / "recipes")  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    recipe = tmp_path / "p" / "recipes" / "m.yaml"
+    recipe.write_text(
+        "schema_version: 1\nname: m\nmodel: m\ntargets: [{device: cpu, precision: uint8}]\n"
+        "steps:\n  - quantize: {mixed_precision: {auto: {target_sqnr_db: 80, max_promoted: 2}}}\n"
+    )
+    result = api.build(recipe, output_root=tmp_path / "o")
+    return steps_of(result)["quantize"]["metrics"]["mixed_precision_auto"]
+
+
+def test_auto_mixed_precision_on_a_cnn_with_relu6(tmp_path: Path) -> None:
+    """ReLU6 (Clip 0..6 with initializer bounds) folded into Q/DQ: the gate re-applies the
+    Clip, whose bounds the QDQ graph no longer has ("cannot order the gated graph")."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.standard_normal((2, 4, 3, 3)).astype(np.float32), "w2"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "lo"),
+        numpy_helper.from_array(np.array(6.0, np.float32), "hi"),
+    ]
+    model = _model(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("Clip", ["c", "lo", "hi"], ["r"]),
+            helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1]),
+        ],
+        [helper.make_tensor_value_info("x", F, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", F, [1, 2, 8, 8])],
+        inits,
+    )
+    auto = _auto_build(tmp_path, model, "x=1x3x8x8")
+    assert auto["promoted"] and auto["rounds"][-1]["output_sqnr_db"]["y"] > -100
+
+
+def test_auto_mixed_precision_with_an_infinite_attention_mask(tmp_path: Path) -> None:
+    """An additive mask of -inf: a gate blending T + 0 * (DQ(Q(T)) - T) is NaN there, every
+    candidate scored -200 dB and the promotion order was alphabetical."""
+    rng = np.random.default_rng(1)
+    mask = np.zeros((4, 4), np.float32)
+    mask[:, 3] = -np.inf
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "wq"),
+        numpy_helper.from_array(mask, "mask"),
+        numpy_helper.from_array(rng.standard_normal((4, 8)).astype(np.float32), "wo"),
+    ]
+    model = _model(
+        [
+            helper.make_node("MatMul", ["x", "wq"], ["s"]),
+            helper.make_node("Add", ["s", "mask"], ["masked"]),
+            helper.make_node("Softmax", ["masked"], ["p"], axis=-1),
+            helper.make_node("MatMul", ["p", "wo"], ["y"]),
+        ],
+        [helper.make_tensor_value_info("x", F, [4, 8])],
+        [helper.make_tensor_value_info("y", F, [4, 8])],
+        inits,
+    )
+    auto = _auto_build(tmp_path, model, "x=4x8")
+    assert auto["output_sqnr_db_weights_only"] > 0  # not NaN -> -200
+    ranked = [p["output_sqnr_db_if_only_this_is_quantized"] for p in auto["promoted"]]
+    assert all(r > -100 for r in ranked), ranked
