@@ -32,7 +32,8 @@ test-slow: install
 	$(BIN)/python -m pytest -q -m slow
 
 golden: install
-	$(BIN)/python -m pytest -q tests/golden --force-regen || $(BIN)/python -m pytest -q tests/golden
+	WINML_GOLDEN_ALL=1 $(BIN)/python -m pytest -q tests/golden --force-regen || \
+	  WINML_GOLDEN_ALL=1 $(BIN)/python -m pytest -q tests/golden
 
 schema: install
 	$(BIN)/winml-recipes schema --write
