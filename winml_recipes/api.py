@@ -77,13 +77,14 @@ def build_onnx(
     device: str,
     precision: str | None = None,
     shapes: dict[str, tuple[int, ...]] | None = None,
-    data: str | None = None,
+    calibration_data: str | None = None,
+    eval_data: str | None = None,
     **kwargs: Any,
 ) -> BuildResult:
     """Build a local ONNX file from the presets, without writing a recipe.
 
-    `data`: a glob of .npz files with the model's inputs; calibration uses the first 16
-    samples and verification the ones after them (default: seeded synthetic inputs).
+    `calibration_data` / `eval_data`: .npz files (a glob) or an image folder; calibration
+    reads the first, verification the second (default: seeded synthetic inputs).
 
     A catalog entry and a recipe are generated into a temporary directory and built
     through the same loader, validator and engine as any recipe.
@@ -103,7 +104,13 @@ def build_onnx(
     with tempfile.TemporaryDirectory(prefix="winml-adhoc-") as tmp:
         try:
             recipe = write_adhoc_project(
-                model, Path(tmp), device, precision, shapes or {}, data=data
+                model,
+                Path(tmp),
+                device,
+                precision,
+                shapes or {},
+                calibration_data=calibration_data,
+                eval_data=eval_data,
             )
             return build(recipe, device=device, precision=precision,
                          catalog_dir=Path(tmp) / "catalog", **kwargs)  # fmt: skip

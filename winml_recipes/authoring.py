@@ -143,12 +143,14 @@ def write_adhoc_project(
     device: str,
     precision: str,
     shapes: Mapping[str, tuple[int, ...]],
-    data: str | None = None,
+    calibration_data: str | None = None,
+    eval_data: str | None = None,
 ) -> Path:
     """root/catalog/NAME.yaml + root/recipes/NAME.yaml for one target; returns the recipe.
 
-    Every dynamic dim needs a value from --shape (batch-like dims default to 1). `data`
-    (an npz glob): calibration reads its first samples, verification the ones after them.
+    Every dynamic dim needs a value from --shape (batch-like dims default to 1). Data (an
+    npz glob or an image folder): calibration reads `calibration_data`, verification
+    `eval_data` (never calibration samples; seeded synthetic inputs when none is given).
     """
     name = re.sub(r"[^A-Za-z0-9._-]", "-", model_path.stem) or "model"
     entry, _ = onnx_entry(model_path, name, shapes)
@@ -179,28 +181,34 @@ def write_adhoc_project(
         "description": f"Ad-hoc build of {name} from the presets",
         "targets": [{"device": device, "precision": precision}],
     }
-    if data is not None:
-        recipe["steps"] = _steps_with_data(device, precision, str(Path(data).resolve()))
+    if calibration_data is not None or eval_data is not None:
+        recipe["steps"] = _steps_with_data(device, precision, calibration_data, eval_data)
     path = root / "recipes" / f"{name}.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path
 
 
-CALIBRATION_SAMPLES = 16  # the calibration schema's default
+def _data_option(data: str) -> dict[str, str]:
+    """{"images": folder} for a directory, else {"npz": glob}, as an absolute path."""
+    path = Path(data)
+    if path.is_dir():
+        return {"images": str(path.resolve())}
+    return {"npz": str(path.parent.resolve() / path.name)}
 
 
-def _steps_with_data(device: str, precision: str, data: str) -> list:
-    """The preset steps, with calibration on the first samples of `data` and verification
-    on the samples after them."""
+def _steps_with_data(
+    device: str, precision: str, calibration: str | None, held_out: str | None
+) -> list:
+    """The preset steps, calibrating on `calibration` and verifying on `held_out`."""
     from winml_recipes.presets import default_steps, resolve_target
 
     steps = []
     for step in default_steps(resolve_target(device, precision)):
         name, options = (step, {}) if isinstance(step, str) else next(iter(step.items()))
-        if name == "quantize":
-            options = {**options, "calibration": {"npz": data, "samples": CALIBRATION_SAMPLES}}
-        elif name == "verify":
-            options = {**options, "npz": data, "skip": CALIBRATION_SAMPLES}
+        if name == "quantize" and calibration is not None:
+            options = {**options, "calibration": _data_option(calibration)}
+        elif name == "verify" and held_out is not None:
+            options = {**options, **_data_option(held_out)}
         steps.append({name: options} if options else name)
     return steps
 

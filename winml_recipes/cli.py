@@ -179,10 +179,16 @@ def plan(recipe, device, precision, defines, catalog_dir, source, as_json) -> No
     help="With --onnx: an input's shape, e.g. pixel_values=1x3x224x224 (repeatable).",
 )
 @click.option(
-    "--data",
-    metavar="GLOB",
-    help="With --onnx: .npz files of real inputs; calibration uses the first 16 samples, "
-    "verification the ones after them (default: seeded synthetic inputs).",
+    "--calibration-data",
+    metavar="DATA",
+    help="With --onnx: real inputs to calibrate on: .npz files (a glob) or an image folder "
+    "(default: seeded synthetic inputs).",
+)
+@click.option(
+    "--eval-data",
+    metavar="DATA",
+    help="With --onnx: held-out inputs to verify on (.npz glob or image folder); never the "
+    "calibration samples (default: seeded synthetic inputs).",
 )
 def build(
     recipe,
@@ -199,7 +205,8 @@ def build(
     as_json,
     onnx_file,
     shapes,
-    data,
+    calibration_data,
+    eval_data,
 ) -> None:
     """Build a recipe for one target (default: its first) or --all-targets.
 
@@ -227,7 +234,8 @@ def build(
                 device=device,
                 precision=precision,
                 shapes=parse_shapes(shapes),
-                data=data,
+                calibration_data=calibration_data,
+                eval_data=eval_data,
                 output_root=output_root,
                 use_cache=not no_cache,
                 reporter=reporter,
@@ -239,10 +247,10 @@ def build(
         else:
             _print_summary(result)
         return
-    if shapes or data:
+    if shapes or calibration_data or eval_data:
         raise RecipeError(
-            "--shape and --data are only for --onnx; recipes take shapes from the catalog "
-            "and data from calibration.npz / verify.npz"
+            "--shape, --calibration-data and --eval-data are only for --onnx; recipes take "
+            "shapes from the catalog and data from quantize.calibration and verify (npz, images)"
         )
     if recipe is None:
         raise RecipeError("missing RECIPE (e.g. recipes/sam3-tiny.yaml) or --onnx FILE")

@@ -1226,23 +1226,25 @@ def test_opset_12_models_quantize(tmp_path: Path, device: str, precision: str) -
 
 
 def test_build_onnx_with_real_data_calibrates_and_verifies_on_it(tmp_path: Path) -> None:
-    """--data: calibration on the first 16 samples, verification on the ones after them.
-    The data lives in [100, 200]: ranges from it are useless on the synthetic [-1, 1] inputs,
-    so a verification that did not read the held-out samples would fail its threshold."""
+    """Calibration and held-out data of real inputs. The data lives in [100, 200]: ranges
+    from it are useless on the synthetic [-1, 1] inputs, so a verification that did not
+    read the held-out file would fail its threshold (and calibration on noise would fail
+    on the held-out data)."""
     model = make_mlp_onnx(tmp_path / "mlp.onnx")
     rng = np.random.default_rng(7)
-    np.savez(tmp_path / "d.npz", x=rng.uniform(100, 200, (20, 2, 4)).astype(np.float32))
+    np.savez(tmp_path / "calib.npz", x=rng.uniform(100, 200, (16, 2, 4)).astype(np.float32))
+    np.savez(tmp_path / "held.npz", x=rng.uniform(100, 200, (4, 2, 4)).astype(np.float32))
     base = ("build", "--onnx", model, "--device", "cpu", "--precision", "uint8", "--shape",
             "x=2x4", "-o", tmp_path / "o", "--json")  # fmt: skip
-    done = cli(*base, "--data", str(tmp_path / "d.npz"))
+    done = cli(*base, "--calibration-data", str(tmp_path / "calib.npz"),
+               "--eval-data", str(tmp_path / "held.npz"))  # fmt: skip
     assert done.exit_code == 0, done.stderr
     steps = {s["pass"]: s for s in json.loads(done.stdout)["components"]["model"]["steps"]}
     assert steps["quantize"]["metrics"]["calibration_source"] == "npz"
     assert steps["quantize"]["metrics"]["calibration_samples"] == 16
     assert steps["verify"]["metrics"]["outputs"]["y"]["sqnr_db"] > 25
-    np.savez(tmp_path / "few.npz", x=rng.uniform(100, 200, (16, 2, 4)).astype(np.float32))
-    few = user_error(*base[:-1], "--data", str(tmp_path / "few.npz"))
-    assert "16 samples, all used for calibration" in few
+    noise = cli(*base[:-1], "--eval-data", str(tmp_path / "held.npz"), "--no-cache")
+    assert noise.exit_code == 3, noise.stderr  # calibrated on noise, verified on real data
 
 
 def _auto_build(tmp_path: Path, model: onnx.ModelProto, shape: str) -> dict:
