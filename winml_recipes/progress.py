@@ -75,9 +75,11 @@ class _Lines(Reporter):
 
     def step_finished(self, component: str, step: PlannedStep, record: dict[str, Any]) -> None:
         if self.logged or time.monotonic() - self.started >= LOG_AFTER_SECONDS:
+            peak = record.get("peak_rss_mb")
+            memory = f", peak {peak / 1024:.1f} GB" if peak else ""
             self._print(
                 f"{component}: {step.name} [{record['status']}] "
-                f"in {time.monotonic() - self.started:.0f} s"
+                f"in {time.monotonic() - self.started:.0f} s{memory}"
             )
 
     def message(self, text: str) -> None:
