@@ -36,9 +36,9 @@ def test_manifest_validates_against_schema(tiny_build) -> None:
     parity = steps[0]["metrics"]["torch_parity"]  # onnxruntime vs torch on batch-2 inputs
     assert set(parity) == {"image_embeddings.0", "image_embeddings.1", "image_embeddings.2"}
     assert all(p["sqnr_db"] > 100 for p in parity.values()), parity
-    verify = steps[2]["metrics"]["outputs"]
-    assert set(verify) == {"image_embeddings.0", "image_embeddings.1", "image_embeddings.2"}
-    assert all(m["cosine"] > 0.9999 for m in verify.values())
+    # The export is the reference and nothing changed it: comparing it with itself would
+    # score 200 dB whatever the code did, so verify says so instead.
+    assert steps[2]["status"] == "skipped" and "no step changed it" in steps[2]["reason"]
 
 
 def test_outputs_match_contract_shapes(tiny_build) -> None:

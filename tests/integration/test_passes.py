@@ -211,7 +211,9 @@ def test_auto_family_builds_from_catalog(tmp_path, name, task, config, dims, inp
     steps = _steps(result)
     assert [s for s in steps] == ["export", "normalize", "verify"]
     assert steps["export"]["status"] == "ran"
-    assert all(m["sqnr_db"] >= 60 for m in steps["verify"]["metrics"]["outputs"].values())
+    # nothing changed the exported model: its check is the export's parity with torch
+    assert all(m["sqnr_db"] >= 60 for m in steps["export"]["metrics"]["torch_parity"].values())
+    assert steps["verify"]["status"] == "skipped"
 
 
 def test_verify_outputs_must_name_real_outputs(tmp_path) -> None:
