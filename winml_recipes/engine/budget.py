@@ -138,16 +138,16 @@ def forward_estimate(
     )
 
 
-def rewrite_estimate(model: Path, what: str = "graph rewrite") -> MemoryEstimate:
+def rewrite_estimate(
+    model: Path, what: str = "graph rewrite", factor: float = REWRITE_WEIGHT_FACTOR
+) -> MemoryEstimate:
     """A pass that loads the model with its weights, rewrites it and writes it out."""
     from winml_recipes.onnx.footprint import weight_bytes
     from winml_recipes.onnx.io import load_model
 
     weights = weight_bytes(load_model(model, load_external_data=False)) / (1024 * 1024)
-    mb = RUNTIME_MB + REWRITE_WEIGHT_FACTOR * weights
-    return MemoryEstimate(
-        mb, f"{what}: weights {weights:.0f} MB x{REWRITE_WEIGHT_FACTOR:g}, runtime {RUNTIME_MB} MB"
-    )
+    mb = RUNTIME_MB + factor * weights
+    return MemoryEstimate(mb, f"{what}: weights {weights:.0f} MB x{factor:g}, runtime {RUNTIME_MB} MB")
 
 
 def larger(*estimates: MemoryEstimate | None) -> MemoryEstimate | None:
