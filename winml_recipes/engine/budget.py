@@ -147,7 +147,8 @@ def rewrite_estimate(
 
     weights = weight_bytes(load_model(model, load_external_data=False)) / (1024 * 1024)
     mb = RUNTIME_MB + factor * weights
-    return MemoryEstimate(mb, f"{what}: weights {weights:.0f} MB x{factor:g}, runtime {RUNTIME_MB} MB")
+    made_of = f"{what}: weights {weights:.0f} MB x{factor:g}, runtime {RUNTIME_MB} MB"
+    return MemoryEstimate(mb, made_of)
 
 
 def larger(*estimates: MemoryEstimate | None) -> MemoryEstimate | None:
