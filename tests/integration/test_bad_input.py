@@ -391,6 +391,7 @@ def test_plan_json(proj: Project) -> None:
                 "min_cosine": 0.99,
                 "samples": 3,
                 "seed": 0,
+                "skip": 0,
                 "allow_cpu_fallback": False,
                 "on_target": True,
                 "require_ep": False,
@@ -416,7 +417,9 @@ def test_plan_text(proj: Project) -> None:
 
 
 def test_defines_reach_the_build(proj: Project) -> None:
-    path = proj.recipe(HEAD + "seed: {{ seed }}\nsteps:\n  - verify: {samples: {{ n }}}\n")
+    path = proj.recipe(
+        HEAD + "seed: {{ seed }}\nsteps:\n  - normalize\n  - verify: {samples: {{ n }}}\n"
+    )
     result = cli("build", path, "-o", proj.out, "-D", "n=3", "-D", "seed=5", "--json")
     assert result.exit_code == 0, result.stderr
     manifest = json.loads(result.stdout)
@@ -426,7 +429,7 @@ def test_defines_reach_the_build(proj: Project) -> None:
         "device": "cpu",
         "precision": "fp32",
     }
-    (verify,) = manifest["components"]["model"]["steps"]
+    _, verify = manifest["components"]["model"]["steps"]
     assert verify["status"] == "ran"
     assert verify["metrics"]["samples"] == 3
     assert "seed: 5\n" in manifest["recipe"]["rendered"]

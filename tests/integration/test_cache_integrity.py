@@ -141,11 +141,11 @@ def test_a_swap_cut_between_renames_gets_the_previous_output_back(tmp_path) -> N
     recipe.write_text(
         RECIPE.replace(
             "first: {steps: [{quantize: {per_channel: false}}]}",
-            "first: {steps: [{verify: {min_sqnr_db: 300}}]}",
+            "first: {steps: [normalize, {verify: {min_sqnr_db: 300}}]}",
         )
     )
     failed = cli("build", recipe, "-o", tmp_path / "out")
-    assert failed.exit_code == 2
+    assert failed.exit_code == 3, failed.output  # the quality gate
     assert (out / "manifest.json").read_text() == before
     assert not list(out.parent.glob(".old-*"))
 

@@ -190,8 +190,8 @@ def test_init_reads_the_image_preprocessing(tmp_path, monkeypatch) -> None:
     assert pixels["image"] == {
         "size": 64, "mean": [0.5, 0.4, 0.3], "std": [0.25, 0.2, 0.1], "layout": "NCHW"
     }  # fmt: skip
-    # (0 - 0.5) / 0.25 = -2 is the lowest, (1 - 0.3) / 0.1 = 7 the highest normalized value
-    assert pixels["range"] == [-2.0, 7.0]
+    # (0 - 0.3) / 0.1 = -3 is the lowest, (1 - 0.3) / 0.1 = 7 the highest normalized value
+    assert pixels["range"] == [-3.0, 7.0]
     assert cli("validate", tmp_path / "recipes" / "cls.yaml").exit_code == 0
 
 

@@ -794,7 +794,8 @@ def test_mixed_precision_glob_matching_nothing(isolated) -> None:
     )
     message = assert_run_error_wrote_nothing(isolated, recipe, "cpu", "uint8")
     assert message == (
-        "model/quantize: mixed_precision: node glob 'mm9' matches no node name or weight name"
+        f"{recipe}:10: model/quantize [cpu/uint8]: mixed_precision: node glob 'mm9' matches "
+        "no node name or weight name"
     )
 
 
@@ -802,7 +803,8 @@ def test_exclude_glob_matching_nothing(isolated) -> None:
     recipe = isolated.recipe("mlp", "steps: [{quantize: {exclude: ['conv*']}}]\n")
     message = assert_run_error_wrote_nothing(isolated, recipe, "cpu", "uint8")
     assert message == (
-        "model/quantize: quantize.exclude: node glob 'conv*' matches no node name or weight name"
+        f"{recipe}:10: model/quantize [cpu/uint8]: quantize.exclude: node glob 'conv*' "
+        "matches no node name or weight name"
     )
 
 
@@ -824,7 +826,8 @@ def test_nothing_quantizable_is_skipped(proj: Project) -> None:
     assert step["status"] == "skipped"
     assert step["reason"].startswith("nothing to quantize")
     assert ops(load(result))["QuantizeLinear"] == 0
-    assert steps_of(result)["verify"]["metrics"]["outputs"]["y"]["sqnr_db"] >= 100
+    # the model is its own reference and runs on the CPU EP: nothing to compare
+    assert steps_of(result)["verify"]["status"] == "skipped"
 
 
 # --------------------------------------------------------------------------- 6. mixed precision
@@ -1240,7 +1243,7 @@ def test_build_onnx_with_real_data_calibrates_and_verifies_on_it(tmp_path: Path)
                "--eval-data", str(tmp_path / "held.npz"))  # fmt: skip
     assert done.exit_code == 0, done.stderr
     steps = {s["pass"]: s for s in json.loads(done.stdout)["components"]["model"]["steps"]}
-    assert steps["quantize"]["metrics"]["calibration_source"] == "npz"
+    assert steps["quantize"]["metrics"]["calibration_source"].startswith("npz: ")
     assert steps["quantize"]["metrics"]["calibration_samples"] == 16
     assert steps["verify"]["metrics"]["outputs"]["y"]["sqnr_db"] > 25
     noise = cli(*base[:-1], "--eval-data", str(tmp_path / "held.npz"), "--no-cache")
@@ -1274,9 +1277,9 @@ def test_auto_mixed_precision_on_a_cnn_with_relu6(tmp_path: Path) -> None:
     ]
     model = _model(
         [
-            helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1]),
-            helper.make_node("Clip", ["c", "lo", "hi"], ["r"]),
-            helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1]),
+            helper.make_node("Conv", ["x", "w1"], ["c"], name="conv1", pads=[1, 1, 1, 1]),
+            helper.make_node("Clip", ["c", "lo", "hi"], ["r"], name="relu6"),
+            helper.make_node("Conv", ["r", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1]),
         ],
         [helper.make_tensor_value_info("x", F, [1, 3, 8, 8])],
         [helper.make_tensor_value_info("y", F, [1, 2, 8, 8])],
@@ -1299,10 +1302,10 @@ def test_auto_mixed_precision_with_an_infinite_attention_mask(tmp_path: Path) ->
     ]
     model = _model(
         [
-            helper.make_node("MatMul", ["x", "wq"], ["s"]),
-            helper.make_node("Add", ["s", "mask"], ["masked"]),
-            helper.make_node("Softmax", ["masked"], ["p"], axis=-1),
-            helper.make_node("MatMul", ["p", "wo"], ["y"]),
+            helper.make_node("MatMul", ["x", "wq"], ["s"], name="q"),
+            helper.make_node("Add", ["s", "mask"], ["masked"], name="mask_add"),
+            helper.make_node("Softmax", ["masked"], ["p"], name="softmax", axis=-1),
+            helper.make_node("MatMul", ["p", "wo"], ["y"], name="out"),
         ],
         [helper.make_tensor_value_info("x", F, [4, 8])],
         [helper.make_tensor_value_info("y", F, [4, 8])],

@@ -51,9 +51,10 @@ def _source(name: str) -> Path | None:
     top = sys.modules.get(parts[0])
     if top is None or not getattr(top, "__file__", None):
         return None
-    root = Path(top.__file__).parent
-    if len(parts) == 1:
-        return root / "__init__.py"
+    file = Path(top.__file__)
+    root = file.parent
+    if len(parts) == 1:  # a top-level package, or a single-file module (a script's pass)
+        return file if file.suffix == ".py" and file.is_file() else None
     rel = Path(*parts[1:])
     for candidate in (root / rel.with_suffix(".py"), root / rel / "__init__.py"):
         if candidate.is_file():

@@ -218,8 +218,15 @@ def _static(
         def keep(feed, outputs):
             store_outputs(store, ctx.input_digest, feed, outputs)
 
+    nonfinite: list[str] = []
     ranges = calibrate(
-        src, counted, settings, tensors=tensors, work_dir=ctx.work_dir, on_outputs=keep
+        src,
+        counted,
+        settings,
+        tensors=tensors,
+        work_dir=ctx.work_dir,
+        on_outputs=keep,
+        nonfinite=nonfinite,
     )
     calibration_seconds = time.perf_counter() - started
     shared: list[list[str]] = []
@@ -231,7 +238,9 @@ def _static(
     ranges_path = ctx.work_dir / "ranges.json"
     write_ort_cache(ranges, ranges_path)
     overrides, float_nodes = compile_regions(cfg.regions, model, tensors)
-    exclude = [*exclude, *[n for n in float_nodes if n not in exclude]]
+    # the producers and readers of a tensor with no range stay float
+    float_nodes = [*float_nodes, *_touching(model, nonfinite)]
+    exclude = [*exclude, *[n for n in dict.fromkeys(float_nodes) if n not in exclude]]
     started = time.perf_counter()
     quantize_static_qdq(src, out, cfg, ranges_path, overrides, exclude)
     insertion_seconds = time.perf_counter() - started
@@ -246,6 +255,8 @@ def _static(
         "shared_encodings": shared,
         "zero_constant_nodes_bypassed": dropped,
         "htp_rewrites": rewrites,
+        # activations with infinite values (additive masks): no range, left in float
+        "kept_float_nonfinite": nonfinite,
     }
     if isinstance(feeds, UpstreamFeeds):
         metrics["upstream_forwards"] = {"computed": feeds.computed, "reused": feeds.reused}
@@ -289,6 +300,16 @@ class _Counted:
 # onnxruntime's quantize_static holds the model, a shape-inferred copy and the quantized
 # initializers at once: 14.2 GB peak for the full-size SAM 3 encoder's 1.8 GB of weights.
 INSERTION_WEIGHT_FACTOR = 7.0
+
+
+def _touching(model, tensors: list[str]) -> list[str]:
+    """Names of the nodes that produce or read any of `tensors`."""
+    wanted = set(tensors)
+    return [
+        n.name
+        for n in model.graph.node
+        if n.name and (wanted & set(n.output) or wanted & set(n.input))
+    ]
 
 
 def _required_opset(cfg: QuantConfig) -> int:

@@ -179,12 +179,13 @@ class VerifyPass(Pass):
         assert src is not None
         if ctx.reference is None:
             raise PassError("no float reference to compare with")
-        if ctx.reference_digest and ctx.input_digest == ctx.reference_digest:
-            # Comparing a model with itself would report a perfect score whatever happened.
+        same_model = bool(ctx.reference_digest) and ctx.input_digest == ctx.reference_digest
+        if same_model and _runs_on_cpu(ctx.target.device, options):
+            # The same model on the same EP would score perfectly whatever happened.
             return StepResult(
                 None,
-                skipped="the model to verify is its float reference (no step changed it); "
-                "there is nothing to compare",
+                skipped="the model to verify is its float reference (no step changed it) "
+                "and would run on the same CPU EP; there is nothing to compare",
             )
         contract = ctx.contract
         # Verification seeds differ from calibration seeds: quality is measured on unseen data.
@@ -232,6 +233,17 @@ class VerifyPass(Pass):
                 f"verification on {target.verified_on} failed: " + "; ".join(failures)
             )
         return StepResult(None, record)
+
+
+def _runs_on_cpu(device: str, options: dict[str, Any]) -> bool:
+    """Whether the candidate would run on the CPU EP, like the reference (an unchanged
+    model on the NPU's EP is still a real comparison: other arithmetic)."""
+    from winml_recipes.runtime.providers import availability, provider_for_device
+
+    ep = provider_for_device(device)
+    if ep.is_cpu or not options.get("on_target", True):
+        return True
+    return not availability(ep.key).available
 
 
 def _data_source(options: dict[str, Any]) -> dict[str, Any] | None:

@@ -499,6 +499,7 @@ def calibrate(
     tensors: Sequence[str] | None = None,
     work_dir: Path | None = None,
     on_outputs: Callable[[dict, dict[str, np.ndarray]], None] | None = None,
+    nonfinite: list[str] | None = None,
 ) -> dict[str, tuple[float, float]]:
     """{tensor: (low, high)} for the float activations of `model_path`, as python floats.
 
@@ -567,15 +568,23 @@ def calibrate(
         seen = lows <= highs  # empty tensors are never seen: ReduceMin gives +inf
         for k, name in enumerate(names):
             if seen[k] and not (math.isfinite(lows[k]) and math.isfinite(highs[k])):
+                if nonfinite is not None:
+                    # e.g. an additive attention mask (-inf, or float32 min overflowing):
+                    # no range fits it; it gets none and stays float
+                    nonfinite.append(name)
+                    continue
                 raise PassError(
                     f"tensor '{name}' has non-finite values (min {lows[k]}, max "
                     f"{highs[k]}); leave it out of `tensors` or fix the model",
                     where=where,
                 )
+        skipped = set(nonfinite or ())
         observed = {
             name: (float(lows[k]), float(highs[k])) if seen[k] else (0.0, 0.0)
             for k, name in enumerate(names)
+            if name not in skipped
         }
+        names = [n for n in names if n not in skipped]
         if histogram:
             observed = _histogram_ranges(
                 model, names, infos, observed, feeds, settings, out_dir, weights_dir, where
