@@ -35,7 +35,7 @@ def test_sam3_mid_npu_build_fits_and_encodes_each_image_once(tmp_path: Path) -> 
     for steps in (enc, dec):
         for name in ("fix_shapes", "quantize", "verify"):
             assert steps[name]["memory_estimate_mb"] > 0, name
-    peak = max(s["peak_rss_mb"] for s in [*enc.values(), *dec.values()])
+    peak = max(s.get("peak_rss_mb") or 0 for s in [*enc.values(), *dec.values()])
     assert peak < 16 * 1024, peak
     # The estimate of the heaviest measured step is of the right size: the encoder's
     # calibration (a 1008 px forward) at least as much as a plain forward's 4.4 GB.
