@@ -306,6 +306,10 @@ def _print_summary(result) -> None:
                 same = "bit-exact" if agree.get("bit_exact") else f"max_abs {agree.get('max_abs')}"
                 click.echo(f"    compiled: {', '.join(a['name'] for a in s.get('artifacts', []))}"
                            f" ({same} vs the uncompiled model on the EP)")  # fmt: skip
+            parity = metrics.get("torch_parity") if s["pass"] == "export" else None
+            if parity:
+                worst = min(m["sqnr_db"] for m in parity.values())
+                click.echo(f"    export matches torch: SQNR >= {worst:.1f} dB on every output")
             if s["status"] == "skipped":  # every skip says why, on a terminal or not
                 click.echo(f"    {s['pass']} skipped: {s.get('reason', '')}")
             outs = metrics.get("outputs") if s["pass"] == "verify" else None
