@@ -10,6 +10,9 @@
   quantization setting, against the naive baseline measured in the same run.
 - QNN HTP (bench/htp.py): verification of the sam3-tiny npu/w8a16 graphs on QNN HTP and
   their EPContext compile, as ratios against verification on the CPU EP.
+- matrix (bench/matrix.py): sam3-tiny's 5 targets + 3 of a small MLP recipe built by the
+  local, pool and Ray executors from empty caches, wall times as ratios against local, Ray's
+  start-up apart, outputs checked byte-identical.
 - sam3-mid (bench/mid.py): wall time and peak RSS per step of the npu/w8a16 build at the
   full-size shapes, against one fp32 forward pass of its encoder.
 
@@ -100,10 +103,14 @@ def main() -> int:
 
     htp.main()
     print()
+    import matrix
+
+    same_bytes = matrix.main([]) == 0
+    print()
     import mid
 
     mid.main()
-    return 0 if ok and memory_ok else 1
+    return 0 if ok and memory_ok and same_bytes else 1
 
 
 if __name__ == "__main__":

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from winml_recipes.engine.cache import StepCache
 from winml_recipes.engine.plan import Plan, make_plan
 from winml_recipes.engine.run import BuildResult, Reporter, run_plan
+from winml_recipes.exec.matrix import MatrixReport
+from winml_recipes.exec.task import TargetOutcome
 from winml_recipes.recipe import Recipe, load_recipe
 
 
@@ -68,6 +72,80 @@ def build(
         reporter=reporter,
         wait_seconds=wait_seconds,
         memory_budget=memory_budget,
+    )
+
+
+def matrix(
+    recipes: Sequence[Path | str],
+    *,
+    targets: str | Sequence[tuple[str, str]] | None = "all",
+    device: str | None = None,
+    precision: str | None = None,
+    executor: str = "local",
+    jobs: int | None = None,
+    address: str | None = None,
+    keep_going: bool = True,
+    output_root: Path | str = "build",
+    use_cache: bool = True,
+    cache_dir: Path | str | None = None,
+    defines: dict[str, Any] | None = None,
+    catalog_dir: Path | str | None = None,
+    source: str | None = None,
+    wait_seconds: float = 600.0,
+    memory_budget: str | float | None = None,
+    progress: str = "none",
+    report_path: Path | str | None = None,
+    on_outcome: Callable[[TargetOutcome], None] | None = None,
+    raise_errors: bool = False,
+) -> MatrixReport:
+    """Build recipes x targets through an executor and report every target.
+
+    `targets`: "all" (every declared target), "cpu/int8,npu/w8a16", a list of pairs, or
+    "default" (each recipe's target for `device`/`precision`, its first when None).
+    `executor`: "local" (this process, in order), "pool" (`jobs` processes) or "ray"
+    (`address` of a cluster, else a local one with `jobs` CPUs). `keep_going=False` stops
+    at the first failure. The report (also written to `report_path`) lists every target's
+    status, failing step, error, wall time, key metrics and manifest path; its `exit_code`
+    is 0, 3 (quality gate), 2 (bad input) or 1 (internal). `progress`: "stdout"/"stderr"
+    (one line per step), "rich" (a live view; local only) or "none".
+    """
+    from winml_recipes.exec.choose import make_executor
+    from winml_recipes.exec.matrix import expand, parse_targets, run_tasks
+    from winml_recipes.exec.task import TargetTask
+
+    chosen = make_executor(executor, jobs=jobs, address=address, raise_errors=raise_errors)
+    if progress == "rich" and chosen.name != "local":
+        progress = "stderr"
+    base = TargetTask(
+        recipe="",
+        defines=dict(defines or {}),
+        catalog_dir=str(catalog_dir) if catalog_dir else None,
+        source=source,
+        output_root=str(output_root),
+        cache_dir=str(cache_dir) if cache_dir else None,
+        use_cache=use_cache,
+        wait_seconds=wait_seconds,
+        memory_budget=memory_budget,
+        progress=progress,
+        cwd=str(Path.cwd()),
+    )
+    common = {"defines": defines, "catalog_dir": catalog_dir, "source": source}
+    if targets == "default":
+        tasks = [replace(base, recipe=str(r), device=device, precision=precision)
+                 for r in recipes]  # fmt: skip
+        failed: list[TargetOutcome] = []
+    else:
+        wanted = parse_targets(targets) if isinstance(targets, str) or targets is None else [
+            tuple(t) for t in targets
+        ]  # fmt: skip
+        tasks, failed = expand(recipes, wanted, base, lambda r: targets_of(r, **common))
+    return run_tasks(
+        tasks,
+        chosen,
+        keep_going=keep_going,
+        failed_before=failed,
+        on_outcome=on_outcome,
+        report_path=Path(report_path) if report_path else None,
     )
 
 

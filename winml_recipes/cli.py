@@ -68,6 +68,42 @@ def with_target_options(fn):
     return fn
 
 
+executor_options = [
+    click.option(
+        "--executor",
+        type=click.Choice(["local", "pool", "ray"]),
+        default="local",
+        show_default=True,
+        help="Who builds the targets: this process in order, --jobs processes here, or a Ray "
+        "cluster (pip install 'winml-recipes[ray]').",
+    ),
+    click.option(
+        "--jobs",
+        type=int,
+        help="Worker processes (pool) or CPUs of the local Ray cluster (default: all cores).",
+    ),
+    click.option(
+        "--address",
+        metavar="ADDR",
+        help="Ray cluster to join (auto, ray://host:10001; default: start a local one). Every "
+        "worker must see the recipes, the cache folder and the output root at the same paths.",
+    ),
+    click.option(
+        "--report",
+        "report_path",
+        type=click.Path(path_type=Path, dir_okay=False),
+        help="Write the JSON report here, whatever happens: per target the status, failing "
+        "step, error, wall time, key metrics and manifest path.",
+    ),
+]
+
+
+def with_executor_options(fn):
+    for opt in reversed(executor_options):
+        fn = opt(fn)
+    return fn
+
+
 def _load_kwargs(device, precision, defines, catalog_dir, source) -> dict[str, Any]:
     from winml_recipes.recipe import parse_defines
 
@@ -142,6 +178,12 @@ def plan(recipe, device, precision, defines, catalog_dir, source, as_json) -> No
 @click.argument("recipe", required=False, type=click.Path(path_type=Path))
 @with_target_options
 @click.option("--all-targets", is_flag=True, help="Build every target the recipe declares.")
+@click.option(
+    "--keep-going",
+    is_flag=True,
+    help="With --all-targets: build the other targets after one fails (exit: the worst).",
+)
+@with_executor_options
 @click.option("--no-cache", is_flag=True, help="Run every step; neither read nor write the cache.")
 @click.option(
     "-o",
@@ -165,7 +207,12 @@ def plan(recipe, device, precision, defines, catalog_dir, source, as_json) -> No
     help="Stop before a step estimated above SIZE (e.g. 12GB; default: "
     "$WINML_RECIPES_MEMORY_BUDGET, else physical memory minus max(2 GB, 15%)).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the manifest(s) as JSON.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the manifest(s) as JSON; on a failure, the report (see --report).",
+)
 @click.option(
     "--onnx",
     "onnx_file",
@@ -198,6 +245,11 @@ def build(
     catalog_dir,
     source,
     all_targets,
+    keep_going,
+    executor,
+    jobs,
+    address,
+    report_path,
     no_cache,
     output_root,
     wait_seconds,
@@ -223,6 +275,11 @@ def build(
                 "--onnx builds from the presets: drop RECIPE, --all-targets, -D, --catalog "
                 "and --source"
             )
+        if keep_going or executor != "local" or jobs or address or report_path:
+            raise RecipeError(
+                "--onnx builds one target here: drop --keep-going, --executor, --jobs, "
+                "--address and --report"
+            )
         if not device:
             raise RecipeError("--onnx needs --device (cpu, gpu, npu)")
         reporter = _reporter(as_json)
@@ -245,7 +302,7 @@ def build(
         if as_json:
             _echo_json(result.manifest)
         else:
-            _print_summary(result)
+            _print_summary(result.manifest, result.output_dir)
         return
     if shapes or calibration_data or eval_data:
         raise RecipeError(
@@ -254,44 +311,164 @@ def build(
         )
     if recipe is None:
         raise RecipeError("missing RECIPE (e.g. recipes/sam3-tiny.yaml) or --onnx FILE")
-    kwargs = _load_kwargs(device, precision, defines, catalog_dir, source)
-    if all_targets:
-        if device or precision:
-            raise RecipeError("--all-targets cannot be combined with --device/--precision")
-        targets = api.targets_of(recipe, **kwargs)
-    else:
-        targets = [(device, precision)]
-    manifests = []
-    for dev, prec in targets:
-        reporter = _reporter(as_json)
-        with reporter:
-            result = api.build(
-                recipe,
-                output_root=output_root,
-                use_cache=not no_cache,
-                reporter=reporter,
-                wait_seconds=wait_seconds,
-                memory_budget=memory_budget,
-                **{**kwargs, "device": dev, "precision": prec},
-            )
-        manifests.append(result.manifest)
-        if not as_json:
-            _print_summary(result)
-    if as_json:
+    if all_targets and (device or precision):
+        raise RecipeError("--all-targets cannot be combined with --device/--precision")
+    if (executor != "local" or jobs) and not all_targets:
+        raise RecipeError("--executor and --jobs spread --all-targets (or `matrix`) over workers")
+    report = _run_matrix(
+        [recipe],
+        targets="all" if all_targets else "default",
+        device=device,
+        precision=precision,
+        defines=defines,
+        catalog_dir=catalog_dir,
+        source=source,
+        executor=executor,
+        jobs=jobs,
+        address=address,
+        keep_going=keep_going,
+        output_root=output_root,
+        no_cache=no_cache,
+        wait_seconds=wait_seconds,
+        memory_budget=memory_budget,
+        as_json=as_json,
+        report_path=report_path,
+        on_outcome=_print_outcome(as_json, name_target=all_targets),
+    )
+    if as_json and report.exit_code == 0:  # the manifests, as before; a failure: the report
+        manifests = [json.loads(Path(o.manifest_path).read_text()) for o in report.outcomes]
         _echo_json(manifests[0] if len(manifests) == 1 else manifests)
+    _exit_with(report, as_json)
+
+
+def _run_matrix(recipes, *, defines, no_cache, as_json, **kwargs):
+    from winml_recipes import api
+    from winml_recipes.recipe import parse_defines
+
+    tty = sys.stderr.isatty() and sys.stdout.isatty()
+    if as_json:
+        progress = "stderr"
+    else:
+        progress = "rich" if tty and kwargs["executor"] == "local" else "stdout"
+    debug = bool(click.get_current_context().find_root().obj.get("debug"))
+    return api.matrix(
+        recipes,
+        defines=parse_defines(defines),
+        use_cache=not no_cache,
+        progress=progress,
+        raise_errors=debug and kwargs["executor"] == "local",
+        **kwargs,
+    )
+
+
+def _print_outcome(as_json: bool, name_target: bool):
+    """As each target ends: its summary (stdout), or its error as one line (stderr; with
+    several targets it names the target if the error does not)."""
+
+    def show(outcome) -> None:
+        if outcome.status == "failed":
+            error = outcome.error or ""
+            if name_target and outcome.device and f"[{outcome.target}]" not in error:
+                error += f" [{outcome.target}]"
+            click.echo(f"error: {error}", err=True)
+        elif outcome.status == "ok" and not as_json:
+            manifest = json.loads(Path(outcome.manifest_path).read_text())
+            _print_summary(manifest, outcome.output_dir)
+
+    return show
+
+
+def _exit_with(report, as_json: bool) -> None:
+    if as_json and report.exit_code != 0:
+        _echo_json(report.to_dict())
+    if report.exit_code:
+        sys.exit(report.exit_code)
+
+
+@main.command()
+@click.argument("recipes", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--targets",
+    default="all",
+    show_default=True,
+    metavar="all|DEV/PREC,...",
+    help="Which declared targets to build, e.g. cpu/int8,npu/w8a16.",
+)
+@click.option(
+    "-D", "defines", multiple=True, metavar="KEY=VALUE", help="Template variable (repeatable)."
+)
+@click.option("--catalog", "catalog_dir", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--source", metavar="NAME", help="Named catalog source (see `build --help`).")
+@with_executor_options
+@click.option("--no-cache", is_flag=True, help="Run every step; neither read nor write the cache.")
+@click.option(
+    "-o", "--output", "output_root", default="build", type=click.Path(path_type=Path),
+    show_default=True, help="Output root: OUTPUT/<recipe>/<device>-<precision>/.",
+)  # fmt: skip
+@click.option("--wait", "wait_seconds", default=600.0, show_default=True,
+              help="Seconds to wait for another build of the same output.")  # fmt: skip
+@click.option("--memory-budget", metavar="SIZE", help="Per build (see `build --help`).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def matrix(
+    recipes, targets, defines, catalog_dir, source, executor, jobs, address, report_path,
+    no_cache, output_root, wait_seconds, memory_budget, as_json,
+):  # fmt: skip
+    """Build every RECIPE x target, keep going past failures, end with a summary table.
+
+    Exit 0 when every target built, else the worst failure's code: 1 internal (a worker
+    died more often than retried), 2 bad input, 3 a quality gate.
+    """
+    report = _run_matrix(
+        list(recipes),
+        targets=targets,
+        defines=defines,
+        catalog_dir=catalog_dir,
+        source=source,
+        executor=executor,
+        jobs=jobs,
+        address=address,
+        keep_going=True,
+        output_root=output_root,
+        no_cache=no_cache,
+        wait_seconds=wait_seconds,
+        memory_budget=memory_budget,
+        as_json=as_json,
+        report_path=report_path,
+        on_outcome=_print_matrix_outcome(as_json),
+    )
+    if as_json:
+        _echo_json(report.to_dict())
+    else:
+        click.echo(report.table())
+    if report.exit_code:
+        sys.exit(report.exit_code)
+
+
+def _print_matrix_outcome(as_json: bool):
+    """One line per finished target (stderr with --json: stdout holds the report)."""
+
+    def show(outcome) -> None:
+        label = f"{outcome.name or Path(outcome.recipe).stem} {outcome.target}"
+        if outcome.status == "failed":
+            click.echo(f"error: {outcome.error} [{label}]", err=True)
+        else:
+            click.echo(f"{outcome.status}: {label} in {outcome.wall_seconds:.1f} s", err=as_json)
+
+    return show
 
 
 def _reporter(quiet: bool):
+    """A live view on a terminal; else one line per step (stdout; stderr under --json)."""
     from winml_recipes.progress import make_reporter
 
-    return make_reporter(enabled=not quiet and sys.stderr.isatty())
+    enabled = not quiet and sys.stderr.isatty()
+    return make_reporter(enabled=enabled, stream=sys.stderr if quiet else sys.stdout)
 
 
-def _print_summary(result) -> None:
-    m = result.manifest
+def _print_summary(m: dict[str, Any], output_dir) -> None:
     click.echo(
         f"built {m['recipe']['name']} for {m['target']['device']}/{m['target']['precision']}"
-        f" in {m['wall_seconds']:.1f}s -> {result.output_dir}"
+        f" in {m['wall_seconds']:.1f}s -> {output_dir}"
     )
     for name, comp in m["components"].items():
         statuses = " ".join(f"{s['pass']}:{s['status']}" for s in comp["steps"])

@@ -1,10 +1,10 @@
-"""Progress: a rich live view on a TTY; plain log lines for long steps otherwise.
+"""Progress: a rich live view on a TTY; plain lines otherwise (CI logs, pipes).
 
 Passes report counts (calibration samples, verification samples) through
-`StepContext.progress`; both reporters show them with an ETA. Without a terminal nothing
-is printed for steps that finish within LOG_AFTER_SECONDS (short builds stay quiet, and
-their one-line errors stay one line); a longer step logs a line when it passes that mark
-and then every LOG_EVERY_SECONDS, and one when it ends.
+`StepContext.progress`; both reporters show them with an ETA. Without a terminal every
+step prints one line when it ends (name, ran/cached/skipped, seconds; a matrix prefixes
+the recipe and target); a step still running after LOG_AFTER_SECONDS logs its counts, then
+every LOG_EVERY_SECONDS.
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ def _eta(started: float, done: int, total: int | None) -> str:
 
 
 class _Lines(Reporter):
-    """Plain lines on stderr for steps that run long (no terminal: CI logs, pipes)."""
+    """Plain lines, one per step and more for long ones (no terminal: CI logs, pipes)."""
 
-    def __init__(self, stream=None) -> None:
+    def __init__(self, stream=None, prefix: str = "") -> None:
         self.stream = stream or sys.stderr
+        self.prefix = f"{prefix} " if prefix else ""
         self.started = 0.0
         self.last_line = 0.0
         self.logged = False
@@ -45,7 +46,7 @@ class _Lines(Reporter):
         return None
 
     def _print(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
+        print(f"{self.prefix}{text}", file=self.stream, flush=True)
         self.last_line = time.monotonic()
         self.logged = True
 
@@ -74,16 +75,17 @@ class _Lines(Reporter):
             )
 
     def step_finished(self, component: str, step: PlannedStep, record: dict[str, Any]) -> None:
-        if self.logged or time.monotonic() - self.started >= LOG_AFTER_SECONDS:
-            peak = record.get("peak_rss_mb")
-            memory = f", peak {peak / 1024:.1f} GB" if peak else ""
-            self._print(
-                f"{component}: {step.name} [{record['status']}] "
-                f"in {time.monotonic() - self.started:.0f} s{memory}"
-            )
+        peak = record.get("peak_rss_mb")
+        long = self.logged or time.monotonic() - self.started >= LOG_AFTER_SECONDS
+        memory = f", peak {peak / 1024:.1f} GB" if peak and long else ""
+        self._print(
+            f"{component}: {step.name} [{record['status']}] "
+            f"in {time.monotonic() - self.started:.1f} s{memory}"
+        )
 
     def message(self, text: str) -> None:
-        print(text, file=self.stream)
+        """Notices (waiting for another build's lock) go to stderr, beside errors."""
+        print(f"{self.prefix}{text}", file=sys.stderr, flush=True)
 
 
 class _Rich(Reporter):
@@ -149,5 +151,11 @@ class _Rich(Reporter):
         self.console.print(text)
 
 
-def make_reporter(enabled: bool) -> Reporter:
-    return _Rich() if enabled else _Lines()
+def make_reporter(enabled: bool, stream=None) -> Reporter:
+    """The live view on a terminal (`enabled`), else one line per step on `stream`."""
+    return _Rich() if enabled else _Lines(stream)
+
+
+def step_lines(stream=None, prefix: str = "") -> Reporter:
+    """One line per step on `stream`, each starting with `prefix` (a matrix's target)."""
+    return _Lines(stream, prefix)

@@ -28,6 +28,7 @@ from winml_recipes.onnx.io import file_sha256
 
 CACHE_ENV = "WINML_RECIPES_CACHE"
 RESULT_FILE = "result.json"
+LOCKS = "locks"  # one lock file per key being computed (never matches the `??/` entry dirs)
 VERSIONED_PACKAGES = ("onnx", "onnxruntime", "onnxscript", "onnx-ir", "torch", "transformers")
 STALE_TMP_SECONDS = 3600
 
@@ -111,12 +112,48 @@ def _last_use(entry: Path) -> float:
 
 
 class StepCache:
+    """Entries by key. Processes sharing a root (a pool, Ray workers on a shared folder)
+    never compute one key at once: `get_or_claim` takes the key's lock when the entry is
+    missing, so the second process waits and then reads the first one's entry."""
+
     def __init__(self, root: Path | None = None, enabled: bool = True) -> None:
         self.root = root or default_cache_dir()
         self.enabled = enabled
+        self._claims: dict[str, Any] = {}
 
     def _dir(self, key: str) -> Path:
         return self.root / key[:2] / key
+
+    def get_or_claim(self, key: str) -> CacheEntry | None:
+        """The entry, or None with this process holding the key's lock until `put` (or
+        `release_claims`). A process that finds the key claimed waits for the holder (its
+        lock goes with it if it dies), then reads the entry it stored."""
+        entry = self.get(key)
+        if entry is not None or not self.enabled or key in self._claims:
+            return entry
+        from filelock import FileLock
+
+        path = self.root / LOCKS / f"{key}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(path))
+        lock.acquire()
+        entry = self.get(key)  # stored by the process we waited for
+        if entry is not None:
+            lock.release()
+            return entry
+        self._claims[key] = lock
+        return None
+
+    def release_claims(self) -> None:
+        """Release every key this process claimed and did not store (a failed step)."""
+        while self._claims:
+            _, lock = self._claims.popitem()
+            lock.release()
+
+    def _release(self, key: str) -> None:
+        lock = self._claims.pop(key, None)
+        if lock is not None:
+            lock.release()
 
     def get(self, key: str) -> CacheEntry | None:
         if not self.enabled:
@@ -193,9 +230,16 @@ class StepCache:
 
     def put(self, key: str, files_dir: Path, result: dict[str, Any]) -> CacheEntry | None:
         """Move the files of `files_dir` into a new entry with `result`; returns the entry
-        (None when the cache is disabled: the files stay where they are)."""
+        (None when the cache is disabled: the files stay where they are). Releases the
+        key's claim."""
         if not self.enabled:
             return None
+        try:
+            return self._put(key, files_dir, result)
+        finally:
+            self._release(key)
+
+    def _put(self, key: str, files_dir: Path, result: dict[str, Any]) -> CacheEntry | None:
         final = self._dir(key)
         final.parent.mkdir(parents=True, exist_ok=True)
         self._sweep(final.parent)

@@ -108,6 +108,7 @@ def run_plan(
             shutil.rmtree(staging / ".work", ignore_errors=True)
             _swap_into_place(staging, out_dir)
         finally:
+            cache.release_claims()  # keys a failed step claimed: the next build computes them
             shutil.rmtree(staging, ignore_errors=True)
     final = {name: out_dir / p.relative_to(staging) for name, p in models.items()}
     return BuildResult(out_dir, manifest, final)
@@ -390,7 +391,7 @@ def _run_step(
         seed=plan.recipe.seed,
     )
     record["cache_key"] = key
-    entry = cache.get(key)
+    entry = cache.get_or_claim(key)  # a key another process is computing: wait, read
     if entry is not None:
         status, metrics = "cached", entry.result.get("metrics", {})
         out_model = entry.model

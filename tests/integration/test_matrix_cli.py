@@ -1,0 +1,147 @@
+"""The CLI for CI: one line per step without a terminal, --keep-going, a JSON report that is
+always written (on failure too), exit codes that tell a quality gate from bad input, and the
+matrix command on a pool of processes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import cli, cli_subprocess, make_mlp_project
+
+# cpu/fp32 fails its quality gate (nothing reaches 250 dB); npu/fp32 passes.
+GATED = (
+    "{{ '[normalize, {verify: {min_sqnr_db: 250}}]' if device == 'cpu' "
+    "else '[normalize, fix_shapes, verify]' }}"
+)
+
+
+def _gated(tmp_path: Path) -> Path:
+    return make_mlp_project(tmp_path, steps=GATED)
+
+
+def _presets(tmp_path: Path) -> Path:
+    """The MLP project with no steps: each target's presets (npu fixes shapes)."""
+    recipe = make_mlp_project(tmp_path)
+    recipe.write_text(recipe.read_text().split("steps:")[0])
+    return recipe
+
+
+def test_all_targets_stops_at_the_first_failure_and_json_reports_it(tmp_path) -> None:
+    recipe = _gated(tmp_path)
+    out = tmp_path / "build"
+    result = cli("build", recipe, "--all-targets", "-o", out, "--json")
+    assert result.exit_code == 3, result.output  # a quality gate, not bad input
+    report = json.loads(result.stdout)
+    assert (report["status"], report["exit_code"]) == ("failed", 3)
+    cpu, npu = report["targets"]
+    assert (cpu["device"], cpu["status"], cpu["exit_code"]) == ("cpu", "failed", 3)
+    assert cpu["failing_step"] == "model/verify"
+    assert cpu["error"].startswith(f"{recipe}:7 (line of the rendered recipe): model/verify "
+                                   "[cpu/fp32]: verification on cpu")  # fmt: skip
+    assert cpu["manifest_path"] is None
+    assert (npu["device"], npu["status"]) == ("npu", "not run")
+    assert "--keep-going" in npu["error"]
+    assert not (out / "mlp").exists() or not any((out / "mlp").iterdir())
+
+
+def test_keep_going_builds_the_rest_and_the_report_file_lists_both(tmp_path) -> None:
+    recipe = _gated(tmp_path)
+    out, report_path = tmp_path / "build", tmp_path / "ci" / "report.json"
+    result = cli(
+        "build", recipe, "--all-targets", "--keep-going", "-o", out, "--report", report_path
+    )
+    assert result.exit_code == 3, result.output
+    # the failure: one line on stderr naming the recipe line, the step and the target
+    assert result.stderr.splitlines() == [
+        f"error: {recipe}:7 (line of the rendered recipe): model/verify [cpu/fp32]: "
+        "verification on cpu failed: "
+        "y: SQNR 200.00 dB < 250 dB"
+    ]
+    assert "built mlp for npu/fp32 in" in result.stdout
+    report = json.loads(report_path.read_text())
+    cpu, npu = report["targets"]
+    assert (cpu["status"], npu["status"]) == ("failed", "ok")
+    manifest = json.loads(Path(npu["manifest_path"]).read_text())
+    assert manifest["target"] == {"device": "npu", "precision": "fp32"}
+    assert npu["output_dir"] == str(out / "mlp" / "npu-fp32")
+    assert npu["metrics"]["size_mb"] > 0 and npu["metrics"]["steps_ran"] >= 1
+    assert not (out / "mlp" / "cpu-fp32").exists()
+
+
+def test_report_of_a_good_build_and_json_stays_the_manifest(tmp_path) -> None:
+    recipe = _presets(tmp_path)
+    report_path = tmp_path / "report.json"
+    result = cli("build", recipe, "-o", tmp_path / "b", "--json", "--report", report_path)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["target"] == {"device": "cpu", "precision": "fp32"}
+    report = json.loads(report_path.read_text())
+    assert (report["status"], report["exit_code"], report["executor"]) == ("ok", 0, "local")
+    assert [(t["device"], t["status"]) for t in report["targets"]] == [("cpu", "ok")]
+
+
+def test_a_piped_build_prints_one_line_per_step(tmp_path) -> None:
+    recipe = _presets(tmp_path)
+    done = cli_subprocess("build", recipe, "--all-targets", "-o", tmp_path / "b")
+    assert done.returncode == 0, done.stderr
+    steps = [line for line in done.stdout.splitlines() if line.startswith("mlp ")]
+    assert [line.split(" [")[0] for line in steps] == [
+        "mlp cpu/fp32 model: export",
+        "mlp cpu/fp32 model: normalize",
+        "mlp cpu/fp32 model: verify",
+        "mlp npu/fp32 model: export",
+        "mlp npu/fp32 model: normalize",
+        "mlp npu/fp32 model: fix_shapes",
+        "mlp npu/fp32 model: verify",
+    ]
+    assert steps[0].split(" [")[1].startswith("skipped] in ")
+    assert all(line.endswith(" s") for line in steps)
+    assert done.stderr == ""
+
+
+def test_bad_input_in_one_recipe_of_a_matrix_fails_alone_exit_2(tmp_path) -> None:
+    good = _presets(tmp_path)
+    bad = good.with_name("bad.yaml")
+    bad.write_text(good.read_text() + "stepz: []\n")
+    report_path = tmp_path / "r.json"
+    result = cli(
+        "matrix", good, bad, "--targets", "npu/fp32", "-o", tmp_path / "b",
+        "--report", report_path,
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    report = json.loads(report_path.read_text())
+    assert [(Path(t["recipe"]).name, t["status"]) for t in report["targets"]] == [
+        ("bad.yaml", "failed"),
+        ("mlp.yaml", "ok"),
+    ]
+    assert "unknown key 'stepz'" in report["targets"][0]["error"]
+    assert result.stdout.splitlines()[-1].startswith("1/2 built with local in ")
+
+
+def test_matrix_on_a_pool_builds_every_target(tmp_path) -> None:
+    recipe = _presets(tmp_path)
+    done = cli_subprocess(
+        "matrix", recipe, "--executor", "pool", "--jobs", "2", "-o", tmp_path / "b", "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["executor"] == "pool"
+    assert [(t["device"], t["status"]) for t in report["targets"]] == [
+        ("cpu", "ok"),
+        ("npu", "ok"),
+    ]
+    for t in report["targets"]:
+        assert Path(t["manifest_path"]).is_file()
+    # step lines went to stderr (stdout is the report), prefixed with the target
+    assert "mlp npu/fp32 model: verify [" in done.stderr
+
+
+def test_unknown_target_and_misplaced_options_are_bad_input(tmp_path) -> None:
+    recipe = make_mlp_project(tmp_path)
+    result = cli("matrix", recipe, "--targets", "gpu/fp16", "-o", tmp_path / "b")
+    assert result.exit_code == 2
+    assert result.stderr == "error: --targets: no recipe declares gpu/fp16\n"
+    result = cli("build", recipe, "--executor", "pool", "-o", tmp_path / "b")
+    assert result.exit_code == 2
+    assert "--all-targets" in result.stderr
+    assert not (tmp_path / "b").exists()

@@ -1,0 +1,140 @@
+"""Builds on a real local Ray cluster, started here and shared by the module: the same bytes
+as a local build for every target, a worker killed mid-task has its task retried with the
+same result, a failing target fails alone, and a task larger than the cluster fails at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import MLP_CATALOG, RECIPES, make_mlp_onnx
+from winml_recipes import api
+from winml_recipes.exec.reproducible import fingerprint
+
+SAM3 = RECIPES / "sam3-tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _mlp_recipes(root: Path) -> tuple[Path, Path]:
+    """mlp.yaml (three targets from the presets) and gated.yaml (its gate cannot pass)."""
+    (root / "catalog").mkdir(parents=True)
+    (root / "recipes").mkdir()
+    make_mlp_onnx(root / "catalog" / "mlp.onnx")
+    (root / "catalog" / "mlp.yaml").write_text(MLP_CATALOG.format(ref="./mlp.onnx"))
+    head = "schema_version: 1\nmodel: mlp\n"
+    mlp = root / "recipes" / "mlp.yaml"
+    mlp.write_text(
+        head + "name: mlp\ntargets:\n  - {device: cpu, precision: fp32}\n"
+        "  - {device: cpu, precision: int8}\n  - {device: npu, precision: uint8}\n"
+    )
+    gated = root / "recipes" / "gated.yaml"
+    gated.write_text(
+        head + "name: gated\ntargets:\n  - {device: cpu, precision: fp32}\n"
+        "steps: [normalize, {verify: {min_sqnr_db: 250}}]\n"
+    )
+    return mlp, gated
+
+
+def _kill_first_quantizing_worker(out: Path, done: threading.Event) -> tuple[str, int] | None:
+    """Wait until a sam3-tiny target is quantizing on a worker, SIGKILL that worker; returns
+    (target folder, pid). The staging folder is named after the building process's pid."""
+    pattern = re.compile(r"\.staging-(.+)-(\d+)")
+    deadline = time.monotonic() + 300
+    while not done.is_set() and time.monotonic() < deadline:
+        for staging in (out / "sam3-tiny").glob(".staging-*"):
+            match = pattern.fullmatch(staging.name)
+            if match and list(staging.glob(".work/*/??-quantize")):
+                pid = int(match.group(2))
+                os.kill(pid, signal.SIGKILL)
+                return match.group(1), pid
+        time.sleep(0.05)
+    return None
+
+
+def test_same_bytes_as_local_a_killed_worker_retried_a_failure_alone(cluster, tmp_path) -> None:
+    mlp, gated = _mlp_recipes(tmp_path)
+    recipes = [SAM3, mlp, gated]
+    # Ray computes every step itself (a cache of its own, shared by its workers); the local
+    # build may reuse the session's cache: the bytes must agree either way.
+    result: dict = {}
+    finished = threading.Event()
+
+    def on_ray() -> None:
+        try:
+            result["ray"] = api.matrix(
+                recipes,
+                executor="ray",
+                output_root=tmp_path / "ray",
+                cache_dir=tmp_path / "ray-cache",
+                report_path=tmp_path / "ray.json",
+            )
+        finally:
+            finished.set()
+
+    runner = threading.Thread(target=on_ray)
+    runner.start()
+    killed = _kill_first_quantizing_worker(tmp_path / "ray", finished)
+    runner.join(timeout=900)
+    assert not runner.is_alive()
+    local = api.matrix(recipes, executor="local", output_root=tmp_path / "local")
+    ray_report = result["ray"]
+
+    # a failing target fails alone; the report says which step and why
+    rows = {(o.name or Path(o.recipe).stem, o.target): o for o in ray_report.outcomes}
+    failed = [key for key, o in rows.items() if o.status != "ok"]
+    assert failed == [("gated", "cpu/fp32")], [(k, rows[k].error) for k in failed]
+    assert rows["gated", "cpu/fp32"].failing_step == "model/verify"
+    assert rows["gated", "cpu/fp32"].exit_code == ray_report.exit_code == 3
+    assert json.loads((tmp_path / "ray.json").read_text())["targets"][-1]["status"] == "failed"
+    assert [o.status for o in local.outcomes] == [o.status for o in ray_report.outcomes]
+
+    # the killed worker's task was retried on another worker and built
+    assert killed is not None, "no sam3-tiny target was seen quantizing"
+    folder, pid = killed
+    device, precision = folder.split("-", 1)
+    retried = rows["sam3-tiny", f"{device}/{precision}"]
+    assert retried.status == "ok" and retried.worker_pid != pid
+
+    # same bytes, whatever the executor
+    built = [o for o in local.outcomes if o.status == "ok"]
+    assert len(built) == 5 + 3
+    for o in built:
+        rel = Path(o.output_dir).relative_to(tmp_path / "local")
+        ours, theirs = fingerprint(tmp_path / "local" / rel), fingerprint(tmp_path / "ray" / rel)
+        assert ours.keys() == theirs.keys(), rel
+        for name in ours:
+            assert ours[name] == theirs[name], (rel, name)
+    assert not list((tmp_path / "ray").rglob(".staging-*")), "the retry swept the dead staging"
+
+
+def test_a_task_larger_than_the_cluster_fails_at_once(cluster, tmp_path) -> None:
+    from winml_recipes.exec.ray_executor import RayExecutor
+    from winml_recipes.exec.task import TargetTask
+
+    mlp, _ = _mlp_recipes(tmp_path)
+    memory = cluster.cluster_resources()["memory"] / 1024**2
+    small = TargetTask(str(mlp), "cpu", "fp32", output_root=str(tmp_path / "b"), memory_mb=256)
+    huge = TargetTask(str(mlp), "cpu", "int8", output_root=str(tmp_path / "b"),
+                      memory_mb=memory * 2)  # fmt: skip
+    got: dict = {}
+    RayExecutor().run([huge, small], keep_going=True, on_done=got.__setitem__)
+    assert got[0].status == "failed" and got[0].exit_code == 2
+    assert "more than the Ray cluster's" in got[0].error
+    assert got[1].status == "ok"
+    assert not (tmp_path / "b" / "mlp" / "cpu-int8").exists()

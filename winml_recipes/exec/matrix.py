@@ -1,0 +1,197 @@
+"""Recipes x targets through an executor: expand the tasks, run them, and report.
+
+The report is written whatever happens (every target built, some failed, Ctrl-C): per
+target its status, the step that failed and the one-line error, the wall time, key
+metrics and where the manifest is. Its exit code says what CI needs to know: 0 all built,
+3 a quality gate failed, 2 bad input, 1 an internal fault (the worst of the targets', in
+that order of precedence), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from winml_recipes.errors import RecipeError, WinmlError
+from winml_recipes.exec.executors import Executor
+from winml_recipes.exec.task import FAILED, OK, TargetOutcome, TargetTask, not_run
+
+REPORT_VERSION = 1
+EXIT_INTERRUPTED = 130
+INTERRUPTED = "not finished: the matrix was interrupted (Ctrl-C)"
+
+
+@dataclass
+class MatrixReport:
+    executor: str
+    outcomes: list[TargetOutcome]
+    wall_seconds: float = 0.0
+    startup_seconds: float = 0.0
+    interrupted: bool = False
+    error: WinmlError | None = None  # the run itself failed (e.g. Ray missing)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        if self.error is not None:
+            return self.error.exit_code
+        codes = {o.exit_code for o in self.outcomes if o.status == FAILED}
+        for code in (1, 2, 3):  # a fault first, then bad input, then a quality gate
+            if code in codes:
+                return code
+        return max(codes, default=0)
+
+    @property
+    def status(self) -> str:
+        if self.interrupted:
+            return "interrupted"
+        if self.error is not None:
+            return FAILED
+        return OK if all(o.status == OK for o in self.outcomes) else FAILED
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "report_version": REPORT_VERSION,
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "executor": self.executor,
+            "wall_seconds": round(self.wall_seconds, 3),
+            "startup_seconds": round(self.startup_seconds, 3),
+            "error": str(self.error) if self.error is not None else None,
+            "targets": [o.to_dict() for o in self.outcomes],
+            **self.extra,
+        }
+
+    def write(self, path: Path) -> None:
+        """Atomically: a reader sees the previous report or this one, never half."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        os.replace(tmp, path)
+
+    def table(self) -> str:
+        """A summary: recipe, target, status, wall, size, lowest SQNR; then the errors."""
+        rows = [("recipe", "target", "status", "wall s", "size MB", "min SQNR dB", "step")]
+        for o in self.outcomes:
+            m = o.metrics
+            sqnr = m.get("min_sqnr_db")
+            rows.append(
+                (
+                    o.name or Path(o.recipe).stem,
+                    o.target,
+                    o.status,
+                    f"{o.wall_seconds:.1f}",
+                    f"{m['size_mb']:.2f}" if "size_mb" in m else "-",
+                    f"{sqnr:.1f}" if sqnr is not None else "-",
+                    o.failing_step or "-",
+                )
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                 for r in rows]  # fmt: skip
+        built = sum(o.status == OK for o in self.outcomes)
+        lines.append(
+            f"{built}/{len(self.outcomes)} built with {self.executor} in "
+            f"{self.wall_seconds:.1f} s"
+            + (f" (start-up {self.startup_seconds:.1f} s)" if self.startup_seconds else "")
+        )
+        return "\n".join(lines)
+
+
+def parse_targets(text: str | None) -> list[tuple[str, str]] | None:
+    """`all` (or nothing): None; else "cpu/int8,npu/w8a16" as (device, precision) pairs."""
+    if text is None or text.strip() == "all":
+        return None
+    out = []
+    for item in text.split(","):
+        device, sep, precision = item.strip().partition("/")
+        if not sep or not device or not precision:
+            raise RecipeError(
+                f"--targets {text!r}: expected all or DEVICE/PRECISION[,...], e.g. cpu/int8"
+            )
+        out.append((device, precision))
+    return out
+
+
+def expand(
+    recipes: Sequence[Path | str],
+    wanted: list[tuple[str, str]] | None,
+    base: TargetTask,
+    declared: Callable[[str], list[tuple[str, str]]],
+) -> tuple[list[TargetTask], list[TargetOutcome]]:
+    """One task per recipe x declared target (filtered by `wanted`); a recipe that cannot
+    even be read fails as one outcome of its own, the others go on."""
+    tasks, failed = [], []
+    matched: set[tuple[str, str]] = set()
+    for recipe in recipes:
+        try:
+            targets = declared(str(recipe))
+        except WinmlError as exc:
+            failed.append(
+                TargetOutcome(
+                    str(recipe), None, None, FAILED, exit_code=exc.exit_code, error=str(exc)
+                )
+            )
+            continue
+        for device, precision in targets:
+            if wanted is None or (device, precision) in wanted:
+                matched.add((device, precision))
+                tasks.append(replace(base, recipe=str(recipe), device=device, precision=precision))
+    missing = [f"{d}/{p}" for d, p in wanted or [] if (d, p) not in matched]
+    if missing and not failed:
+        raise RecipeError(f"--targets: no recipe declares {', '.join(missing)}")
+    return tasks, failed
+
+
+def run_tasks(
+    tasks: Sequence[TargetTask],
+    executor: Executor,
+    *,
+    keep_going: bool,
+    failed_before: Sequence[TargetOutcome] = (),
+    on_outcome: Callable[[TargetOutcome], None] | None = None,
+    report_path: Path | None = None,
+) -> MatrixReport:
+    """Run `tasks`; the report (also written to `report_path`, if given) holds one outcome
+    per task in task order, after the recipes that failed before any task. Ctrl-C stops
+    the executor, writes the report with the unfinished targets as not run, and re-raises."""
+    from winml_recipes.exec.resources import expected_memory_mb
+
+    if executor.name == "ray":
+        tasks = [replace(t, memory_mb=expected_memory_mb(t)) for t in tasks]
+    outcomes: dict[int, TargetOutcome] = {}
+
+    def done(index: int, outcome: TargetOutcome) -> None:
+        outcomes[index] = outcome
+        if on_outcome is not None:
+            on_outcome(outcome)
+
+    for outcome in failed_before:
+        if on_outcome is not None:
+            on_outcome(outcome)
+    started = time.perf_counter()
+    report = MatrixReport(executor.name, [])
+    try:
+        executor.run(tasks, keep_going=keep_going, on_done=done)
+    except KeyboardInterrupt:
+        report.interrupted = True
+        raise
+    except WinmlError as exc:
+        report.error = exc
+        raise
+    finally:
+        report.outcomes = [*failed_before] + [
+            outcomes.get(i) or not_run(t, INTERRUPTED) for i, t in enumerate(tasks)
+        ]
+        report.wall_seconds = time.perf_counter() - started
+        report.startup_seconds = executor.startup_seconds
+        if report_path is not None:
+            report.write(report_path)
+    return report

@@ -1,0 +1,232 @@
+"""One task of a matrix: build one target of one recipe, in whatever process runs it.
+
+A task carries only plain values (paths as strings), so it pickles to a pool process or a
+Ray worker unchanged; its inputs and outputs go through the content-addressed step cache
+(the store every worker shares) and the output folder, never through the worker's memory.
+The outcome is plain data as well: status, the failing step, the one-line error, and where
+the manifest is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from winml_recipes.engine.plan import PlannedStep
+from winml_recipes.engine.run import Reporter
+from winml_recipes.errors import InternalError, WinmlError
+
+OK, FAILED, NOT_RUN = "ok", "failed", "not run"
+EXIT_OK = 0
+
+
+@dataclass(frozen=True)
+class TargetTask:
+    """Build `recipe` for `device`/`precision` (None: the recipe's first target)."""
+
+    recipe: str
+    device: str | None = None
+    precision: str | None = None
+    defines: dict[str, Any] = field(default_factory=dict)
+    catalog_dir: str | None = None
+    source: str | None = None
+    output_root: str = "build"
+    cache_dir: str | None = None
+    use_cache: bool = True
+    wait_seconds: float = 600.0
+    memory_budget: str | float | None = None
+    progress: str = "none"  # "stdout", "stderr", "rich" (a terminal, local only) or "none"
+    memory_mb: float | None = None  # what the task expects to need (a scheduling hint)
+    cwd: str | None = None  # the driver's working directory (relative paths resolve there)
+
+    @property
+    def target(self) -> str:
+        return f"{self.device}/{self.precision}" if self.device else "default target"
+
+    @property
+    def label(self) -> str:
+        return f"{Path(self.recipe).stem} {self.target}"
+
+
+@dataclass
+class TargetOutcome:
+    """What became of one task (plain data: it crosses process boundaries and lands in the
+    JSON report as it is)."""
+
+    recipe: str
+    device: str | None
+    precision: str | None
+    status: str  # ok, failed, not run
+    exit_code: int = EXIT_OK
+    error: str | None = None
+    failing_step: str | None = None  # component/step
+    wall_seconds: float = 0.0
+    output_dir: str | None = None
+    manifest_path: str | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    name: str | None = None  # the recipe's name (from its manifest)
+    worker_pid: int | None = None
+
+    @property
+    def target(self) -> str:
+        return f"{self.device}/{self.precision}" if self.device else "default target"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def not_run(task: TargetTask, why: str) -> TargetOutcome:
+    return TargetOutcome(task.recipe, task.device, task.precision, NOT_RUN, error=why)
+
+
+class _StepTracker(Reporter):
+    """Forwards to the progress reporter and remembers the step that has not finished."""
+
+    def __init__(self, inner: Reporter) -> None:
+        self.inner = inner
+        self.current: str | None = None
+
+    def step_started(self, component: str, step: PlannedStep) -> None:
+        self.current = f"{component}/{step.name}"
+        self.inner.step_started(component, step)
+
+    def step_progress(
+        self, component: str, step: PlannedStep, what: str, done: int, total: int | None
+    ) -> None:
+        self.inner.step_progress(component, step, what, done, total)
+
+    def step_finished(self, component: str, step: PlannedStep, record: dict[str, Any]) -> None:
+        self.current = None
+        self.inner.step_finished(component, step, record)
+
+    def message(self, text: str) -> None:
+        self.inner.message(text)
+
+
+def _reporter(task: TargetTask, label: str) -> Reporter | None:
+    from winml_recipes.progress import make_reporter, step_lines
+
+    if task.progress == "rich":
+        return make_reporter(enabled=True)
+    if task.progress in ("stdout", "stderr"):
+        return step_lines(getattr(sys, task.progress), prefix=label)
+    return None
+
+
+def run_target(task: TargetTask, *, raise_errors: bool = False) -> TargetOutcome:
+    """Build one target; every failure becomes a failed outcome (`raise_errors`: re-raised,
+    for --debug). KeyboardInterrupt is never caught: it cancels the whole matrix."""
+    from winml_recipes.engine.cache import StepCache
+    from winml_recipes.engine.plan import make_plan
+    from winml_recipes.engine.run import Reporter as Silent
+    from winml_recipes.engine.run import run_plan
+    from winml_recipes.recipe import load_recipe
+
+    started = time.perf_counter()
+    device, precision = task.device, task.precision
+    tracker = _StepTracker(Silent())
+    try:
+        with _working_dir(task.cwd):
+            plan = make_plan(
+                load_recipe(
+                    task.recipe,
+                    device=device,
+                    precision=precision,
+                    defines=task.defines,
+                    catalog_dir=Path(task.catalog_dir) if task.catalog_dir else None,
+                    source=task.source,
+                )
+            )
+            device, precision = plan.target.device, plan.target.precision
+            progress = _reporter(task, f"{plan.recipe.name} {device}/{precision}")
+            tracker.inner = progress or Silent()
+            with progress or contextlib.nullcontext():
+                result = run_plan(
+                    plan,
+                    output_root=Path(task.output_root),
+                    cache=StepCache(
+                        Path(task.cache_dir) if task.cache_dir else None, enabled=task.use_cache
+                    ),
+                    reporter=tracker,
+                    wait_seconds=task.wait_seconds,
+                    memory_budget=task.memory_budget,
+                )
+    except Exception as exc:
+        if raise_errors:
+            raise
+        error = exc if isinstance(exc, WinmlError) else _as_winml_error(exc)
+        return TargetOutcome(
+            task.recipe,
+            device,
+            precision,
+            FAILED,
+            exit_code=error.exit_code,
+            error=str(error),
+            failing_step=tracker.current,
+            wall_seconds=round(time.perf_counter() - started, 3),
+            worker_pid=os.getpid(),
+        )
+    manifest = result.manifest
+    return TargetOutcome(
+        task.recipe,
+        device,
+        precision,
+        OK,
+        wall_seconds=round(time.perf_counter() - started, 3),
+        output_dir=str(result.output_dir),
+        manifest_path=str(result.output_dir / "manifest.json"),
+        metrics=key_metrics(manifest),
+        name=manifest["recipe"]["name"],
+        worker_pid=os.getpid(),
+    )
+
+
+@contextlib.contextmanager
+def _working_dir(path: str | None):
+    """Run in the driver's working directory when this machine has it (a pool process or a
+    worker on the same host or a shared mount), so relative paths mean the same thing."""
+    if path is None or not Path(path).is_dir() or Path.cwd() == Path(path):
+        yield
+        return
+    before = Path.cwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def _as_winml_error(exc: Exception) -> WinmlError:
+    """OSError (a path not writable, ...) is the user's to fix (exit 2); anything else is a
+    bug (exit 1). Both as one line."""
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return WinmlError(f"{where}{exc.strerror or exc}")  # exit 2
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    return InternalError(f"{type(exc).__name__}: {first}")
+
+
+def key_metrics(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What a summary row shows: size shipped, the lowest verified SQNR, steps run/cached."""
+    size = sum(c["artifact"]["size_bytes"] for c in manifest["components"].values())
+    sqnrs = [
+        met["sqnr_db"]
+        for c in manifest["components"].values()
+        for s in c["steps"]
+        if s["pass"] == "verify"
+        for met in (s.get("metrics", {}).get("outputs") or {}).values()
+        if isinstance(met, dict) and met.get("sqnr_db") is not None
+    ]
+    statuses = [s["status"] for c in manifest["components"].values() for s in c["steps"]]
+    return {
+        "size_mb": round(size / 1e6, 3),
+        "min_sqnr_db": round(min(sqnrs), 2) if sqnrs else None,
+        "steps_ran": statuses.count("ran"),
+        "steps_cached": statuses.count("cached"),
+        "build_seconds": manifest["wall_seconds"],
+    }
