@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import threading
 import time
@@ -41,7 +42,7 @@ def _mlp_recipes(root: Path) -> tuple[Path, Path]:
     mlp = root / "recipes" / "mlp.yaml"
     mlp.write_text(
         head + "name: mlp\ntargets:\n  - {device: cpu, precision: fp32}\n"
-        "  - {device: cpu, precision: int8}\n  - {device: npu, precision: uint8}\n"
+        "  - {device: cpu, precision: int8}\n  - {device: npu, precision: fp32}\n"
     )
     gated = root / "recipes" / "gated.yaml"
     gated.write_text(
@@ -67,33 +68,69 @@ def _kill_first_quantizing_worker(out: Path, done: threading.Event) -> tuple[str
     return None
 
 
-def test_same_bytes_as_local_a_killed_worker_retried_a_failure_alone(cluster, tmp_path) -> None:
-    mlp, gated = _mlp_recipes(tmp_path)
-    recipes = [SAM3, mlp, gated]
-    # Ray computes every step itself (a cache of its own, shared by its workers); the local
-    # build may reuse the session's cache: the bytes must agree either way.
+def _seed_exports(cache: Path, into: Path) -> int:
+    """Copy the export entries of `cache` into the store `into` (as a shared cache that has
+    seen these models would hold them): the Ray workers then compute every later step."""
+    copied = 0
+    for result in cache.glob("??/*/result.json"):
+        if json.loads(result.read_text()).get("pass") == "export":
+            entry = result.parent
+            shutil.copytree(entry, into / entry.parent.name / entry.name)
+            copied += 1
+    return copied
+
+
+def _ray_in_background(recipes, targets, out: Path, cache: Path, report: Path):
+    """Start the Ray matrix in a thread; returns (thread, finished event, result holder)."""
     result: dict = {}
     finished = threading.Event()
 
-    def on_ray() -> None:
+    def run() -> None:
         try:
-            result["ray"] = api.matrix(
+            result["report"] = api.matrix(
                 recipes,
+                targets=targets,
                 executor="ray",
-                output_root=tmp_path / "ray",
-                cache_dir=tmp_path / "ray-cache",
-                report_path=tmp_path / "ray.json",
+                output_root=out,
+                cache_dir=cache,
+                report_path=report,
             )
         finally:
             finished.set()
 
-    runner = threading.Thread(target=on_ray)
-    runner.start()
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, finished, result
+
+
+def _assert_same_outputs(local, left: Path, right: Path) -> int:
+    built = [o for o in local.outcomes if o.status == "ok"]
+    for o in built:
+        rel = Path(o.output_dir).relative_to(left)
+        ours, theirs = fingerprint(left / rel), fingerprint(right / rel)
+        assert ours.keys() == theirs.keys(), rel
+        for name in ours:
+            assert ours[name] == theirs[name], (rel, name)
+    return len(built)
+
+
+# sam3-tiny: cpu/fp32 and cpu/int8 (it declares no npu/fp32); the MLP: all three.
+TARGETS = "cpu/fp32,cpu/int8,npu/fp32"
+
+
+def test_same_bytes_as_local_a_killed_worker_retried_a_failure_alone(cluster, tmp_path) -> None:
+    mlp, gated = _mlp_recipes(tmp_path)
+    recipes = [SAM3, mlp, gated]
+    local = api.matrix(recipes, targets=TARGETS, output_root=tmp_path / "local")
+    store = tmp_path / "ray-cache"
+    assert _seed_exports(Path(os.environ["WINML_RECIPES_CACHE"]), store) == 2
+    thread, finished, result = _ray_in_background(
+        recipes, TARGETS, tmp_path / "ray", store, tmp_path / "ray.json"
+    )
     killed = _kill_first_quantizing_worker(tmp_path / "ray", finished)
-    runner.join(timeout=900)
-    assert not runner.is_alive()
-    local = api.matrix(recipes, executor="local", output_root=tmp_path / "local")
-    ray_report = result["ray"]
+    thread.join(timeout=900)
+    assert not thread.is_alive()
+    ray_report = result["report"]
 
     # a failing target fails alone; the report says which step and why
     rows = {(o.name or Path(o.recipe).stem, o.target): o for o in ray_report.outcomes}
@@ -107,20 +144,41 @@ def test_same_bytes_as_local_a_killed_worker_retried_a_failure_alone(cluster, tm
     # the killed worker's task was retried on another worker and built
     assert killed is not None, "no sam3-tiny target was seen quantizing"
     folder, pid = killed
-    device, precision = folder.split("-", 1)
-    retried = rows["sam3-tiny", f"{device}/{precision}"]
+    retried = rows["sam3-tiny", folder.replace("-", "/", 1)]
     assert retried.status == "ok" and retried.worker_pid != pid
+    assert not list((tmp_path / "ray").rglob(".staging-*")), "the retry swept the dead staging"
+
+    # one worker computed the MLP's normalize, the others waited for its entry
+    ran = [
+        s["status"]
+        for o in ray_report.outcomes
+        if o.name == "mlp"
+        for s in json.loads(Path(o.manifest_path).read_text())["components"]["model"]["steps"]
+        if s["pass"] == "normalize"
+    ]
+    assert len(ran) == 3 and ran.count("ran") <= 1, ran
 
     # same bytes, whatever the executor
-    built = [o for o in local.outcomes if o.status == "ok"]
-    assert len(built) == 5 + 3
-    for o in built:
-        rel = Path(o.output_dir).relative_to(tmp_path / "local")
-        ours, theirs = fingerprint(tmp_path / "local" / rel), fingerprint(tmp_path / "ray" / rel)
-        assert ours.keys() == theirs.keys(), rel
-        for name in ours:
-            assert ours[name] == theirs[name], (rel, name)
-    assert not list((tmp_path / "ray").rglob(".staging-*")), "the retry swept the dead staging"
+    assert _assert_same_outputs(local, tmp_path / "local", tmp_path / "ray") == 2 + 3
+
+
+@pytest.mark.slow
+def test_every_sam3_tiny_target_cold_on_ray_and_a_pool_matches_local(cluster, tmp_path) -> None:
+    """Every step computed by each executor from an empty store of its own (minutes)."""
+    mlp, _ = _mlp_recipes(tmp_path)
+    reports = {
+        ex: api.matrix(
+            [SAM3, mlp],
+            executor=ex,
+            jobs=None if ex == "local" else 2,
+            output_root=tmp_path / ex,
+            cache_dir=tmp_path / f"cache-{ex}",
+        )
+        for ex in ("local", "pool", "ray")
+    }
+    assert all(r.exit_code == 0 for r in reports.values())
+    for ex in ("pool", "ray"):
+        assert _assert_same_outputs(reports["local"], tmp_path / "local", tmp_path / ex) == 5 + 3
 
 
 def test_a_task_larger_than_the_cluster_fails_at_once(cluster, tmp_path) -> None:

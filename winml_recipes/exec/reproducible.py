@@ -1,6 +1,6 @@
 """What must not depend on the executor: an output folder's bytes, and its manifest without
-the fields that describe one run (times, memory peaks, and whether a step ran or came from
-the cache)."""
+the fields that describe one run (times anywhere, e.g. a step's `wall_seconds` or the
+export's `export_seconds`; memory peaks; whether a step ran or came from the cache)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,21 @@ from winml_recipes.onnx.io import file_sha256
 RUN_FIELDS = ("wall_seconds", "peak_rss_mb", "memory_estimate_mb")
 
 
+def _without_times(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: _without_times(v)
+            for k, v in value.items()
+            if not (k == "seconds" or k.endswith("_seconds"))
+        }
+    if isinstance(value, list):
+        return [_without_times(v) for v in value]
+    return value
+
+
 def comparable_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in manifest.items() if k != "wall_seconds"}
+    manifest = _without_times(manifest)
+    out = dict(manifest)
     out["components"] = {}
     for name, comp in manifest["components"].items():
         steps = []
