@@ -5,7 +5,14 @@ matrix command on a pool of processes."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
+
+import psutil
 
 from tests.conftest import cli, cli_subprocess, make_mlp_project
 
@@ -145,3 +152,63 @@ def test_unknown_target_and_misplaced_options_are_bad_input(tmp_path) -> None:
     assert result.exit_code == 2
     assert "--all-targets" in result.stderr
     assert not (tmp_path / "b").exists()
+
+
+def test_ctrl_c_cancels_a_pool_matrix_and_keeps_outputs_and_cache(tmp_path) -> None:
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while a pool
+    worker is inside a step: exit 130, the report says interrupted, the previous output and
+    the cache are as they were, no staging folder is left."""
+    from tests.integration.test_bad_input import SLOW_CLI, SLOW_RECIPE, cache_entries, snapshot
+
+    make_mlp_project(tmp_path)
+    recipe = tmp_path / "recipes" / "slow.yaml"
+    recipe.write_text(SLOW_RECIPE)
+    script = tmp_path / "slow_cli.py"
+    script.write_text(SLOW_CLI)
+    marker, release, cache = tmp_path / "marker", tmp_path / "release", tmp_path / "cache"
+    env = {
+        **os.environ,
+        "WINML_RECIPES_CACHE": str(cache),
+        "SLOW_MARKER": str(marker),
+        "SLOW_RELEASE": str(release),
+    }
+    out, report_path = tmp_path / "out", tmp_path / "report.json"
+    release.touch()
+    first = subprocess.run(
+        [sys.executable, script, "build", recipe, "-o", out, "-D", "tag=v1"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    target = out / "slow" / "cpu-fp32"
+    before, cached_before = snapshot(target), cache_entries(cache)
+    release.unlink()
+    marker.unlink()
+    proc = subprocess.Popen(
+        [sys.executable, script, "matrix", recipe, "-o", out, "-D", "tag=v2",
+         "--executor", "pool", "--jobs", "2", "--report", report_path],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the slow step never started"
+            time.sleep(0.05)
+        worker = int(marker.read_text())
+        assert worker != proc.pid  # the step runs in a pool process
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert (
+        err.splitlines()[-1] == "error: interrupted; the previous output and the cache are intact"
+    )
+    report = json.loads(report_path.read_text())
+    assert (report["status"], report["exit_code"]) == ("interrupted", 130)
+    assert [t["status"] for t in report["targets"]] == ["not run"]
+    assert snapshot(target) == before
+    assert cache_entries(cache) == cached_before
+    assert sorted(p.name for p in target.parent.glob(".*") if not p.name.endswith(".lock")) == []
+    assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == "zombie"

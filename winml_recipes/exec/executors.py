@@ -9,6 +9,7 @@ not run); tasks already running finish.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -54,9 +55,13 @@ def worker_failed(task: TargetTask, what: str) -> TargetOutcome:
     )
 
 
+STOP_GRACE_SECONDS = 30.0
+
+
 class PoolExecutor:
     """`jobs` worker processes on this machine (spawned, so nothing of the parent's state,
-    threads or locks is inherited; the same on Windows)."""
+    threads or locks is inherited; the same on Windows). Ctrl-C reaches the driver (the
+    workers ignore SIGINT), which stops the workers once, gracefully (see `_stop`)."""
 
     name = "pool"
     startup_seconds = 0.0
@@ -68,20 +73,20 @@ class PoolExecutor:
         import multiprocessing
         from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-        pool = ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("spawn"))
-        futures = {pool.submit(run_target, task): i for i, task in enumerate(tasks)}
+        pool = ProcessPoolExecutor(
+            self.jobs,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_worker_setup,
+        )
+        futures = {pool.submit(_pool_task, task): i for i, task in enumerate(tasks)}
         pending = set(futures)
         try:
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 failed = False
                 for future in done:
-                    index = futures[future]
-                    try:
-                        outcome = future.result()
-                    except Exception as exc:  # BrokenProcessPool: a worker died
-                        outcome = worker_failed(tasks[index], f"worker process failed: {exc}")
-                    on_done(index, outcome)
+                    outcome = _result(future, tasks[futures[future]])
+                    on_done(futures[future], outcome)
                     failed |= outcome.status == FAILED
                 if failed and not keep_going:
                     for future in sorted(pending, key=futures.__getitem__):
@@ -92,7 +97,7 @@ class PoolExecutor:
                             on_done(index, _result(future, tasks[index]))
                     pending = set()
         except KeyboardInterrupt:
-            _terminate_workers(pool)
+            _stop(pool, list(futures))
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -101,23 +106,59 @@ class PoolExecutor:
 def _result(future, task: TargetTask) -> TargetOutcome:
     try:
         return future.result()
-    except Exception as exc:
+    except Exception as exc:  # BrokenProcessPool: a worker died
         return worker_failed(task, f"worker process failed: {exc}")
 
 
-def _terminate_workers(pool) -> None:
-    """Stop the workers now: their builds stop before the output swap or after it (the
-    swap defers termination), never between; staging folders are swept by the next build.
+_running = False
 
-    concurrent.futures has no public way to do this before Python 3.14
-    (`terminate_workers`); its process table is the only handle.
+
+def _on_terminate(signum: int, frame: object) -> None:
+    """SIGTERM from the driver: a running build unwinds like Ctrl-C (its staging folder is
+    removed, the output stays as it was); an idle worker exits."""
+    if _running:
+        raise KeyboardInterrupt
+    raise SystemExit(0)
+
+
+def _worker_setup() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides what Ctrl-C stops
+    if hasattr(signal, "SIGTERM") and os.name != "nt":
+        signal.signal(signal.SIGTERM, _on_terminate)
+
+
+def _pool_task(task: TargetTask) -> TargetOutcome:
+    global _running
+    _running = True
+    try:
+        return run_target(task)
+    finally:
+        _running = False
+
+
+def _stop(pool, futures: list) -> None:
+    """Cancel what has not started; terminate every worker once (a graceful unwind on
+    POSIX, see _on_terminate; TerminateProcess on Windows), wait for the running builds to
+    unwind, then end the stragglers. Outputs are swapped in whole either way, and the next
+    build sweeps any staging folder left behind.
+
+    concurrent.futures has no public handle on its processes before Python 3.14
+    (`terminate_workers`); its process table is used, and absent it nothing is terminated.
     """
-    terminate = getattr(pool, "terminate_workers", None)
-    if terminate is not None:
-        terminate()
-        return
-    for process in list(getattr(pool, "_processes", {}).values()):
+    from concurrent.futures import wait
+
+    for future in futures:
+        future.cancel()
+    processes = list(getattr(pool, "_processes", {}).values())
+    for process in processes:
         if process.is_alive():
             process.terminate()
-    for process in list(getattr(pool, "_processes", {}).values()):
-        process.join(timeout=30)
+    wait([f for f in futures if not f.done()], timeout=STOP_GRACE_SECONDS)
+    for process in processes:
+        if process.is_alive():
+            process.terminate()  # idle now: exits
+        process.join(timeout=5)
+        if process.is_alive():
+            process.kill()
