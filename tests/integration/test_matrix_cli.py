@@ -212,3 +212,20 @@ def test_ctrl_c_cancels_a_pool_matrix_and_keeps_outputs_and_cache(tmp_path) -> N
     assert cache_entries(cache) == cached_before
     assert sorted(p.name for p in target.parent.glob(".*") if not p.name.endswith(".lock")) == []
     assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == "zombie"
+
+
+def test_a_task_expects_what_the_last_build_of_its_target_estimated(tmp_path) -> None:
+    from winml_recipes.exec.resources import DEFAULT_TASK_MB, expected_memory_mb
+    from winml_recipes.exec.task import TargetTask
+
+    recipe = _presets(tmp_path)
+    task = TargetTask(str(recipe), "cpu", "fp32", output_root=str(tmp_path / "b"))
+    assert expected_memory_mb(task) == DEFAULT_TASK_MB  # a tiny model, never built
+    assert cli("build", recipe, "-o", tmp_path / "b").exit_code == 0
+    manifest_path = tmp_path / "b" / "mlp" / "cpu-fp32" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    step = manifest["components"]["model"]["steps"][-1]
+    assert step["memory_estimate_mb"] < DEFAULT_TASK_MB
+    step["memory_estimate_mb"] = 20000  # as a full-size calibration would record
+    manifest_path.write_text(json.dumps(manifest))
+    assert expected_memory_mb(task) == 20000

@@ -19,6 +19,7 @@ import pytest
 from tests.conftest import MLP_CATALOG, RECIPES, make_mlp_onnx
 from winml_recipes import api
 from winml_recipes.exec.reproducible import fingerprint
+from winml_recipes.exec.resources import DEFAULT_TASK_MB
 
 SAM3 = RECIPES / "sam3-tiny.yaml"
 
@@ -141,6 +142,9 @@ def test_same_bytes_as_local_a_killed_worker_retried_a_failure_alone(cluster, tm
     assert json.loads((tmp_path / "ray.json").read_text())["targets"][-1]["status"] == "failed"
     assert [o.status for o in local.outcomes] == [o.status for o in ray_report.outcomes]
 
+    # each task was granted the memory it expects (at least the default of a small build)
+    assert all(o.resources["memory"] >= DEFAULT_TASK_MB * 1024**2 for o in rows.values())
+
     # the killed worker's task was retried on another worker and built
     assert killed is not None, "no sam3-tiny target was seen quantizing"
     folder, pid = killed
@@ -196,3 +200,28 @@ def test_a_task_larger_than_the_cluster_fails_at_once(cluster, tmp_path) -> None
     assert "more than the Ray cluster's" in got[0].error
     assert got[1].status == "ok"
     assert not (tmp_path / "b" / "mlp" / "cpu-int8").exists()
+
+
+def test_tasks_that_need_most_of_the_memory_never_run_side_by_side(cluster, tmp_path) -> None:
+    """Two tasks each expecting 60% of the cluster's memory run one after the other, though
+    two CPUs are free; each was granted the memory it declared."""
+    from winml_recipes.exec.ray_executor import RayExecutor
+    from winml_recipes.exec.task import TargetTask
+
+    mlp, _ = _mlp_recipes(tmp_path)
+    memory = cluster.cluster_resources()["memory"] / 1024**2
+
+    def run(mb: float, out: str) -> list:
+        tasks = [
+            TargetTask(str(mlp), "cpu", prec, output_root=str(tmp_path / out), memory_mb=mb)
+            for prec in ("fp32", "int8")
+        ]
+        got: dict = {}
+        RayExecutor().run(tasks, keep_going=True, on_done=got.__setitem__)
+        assert all(o.status == "ok" for o in got.values()), [o.error for o in got.values()]
+        for o in got.values():  # what Ray granted: the task's declared memory
+            assert o.resources == {"CPU": 1.0, "memory": float(int(mb * 1024**2))}
+        return sorted((o.started_at, o.finished_at) for o in got.values())
+
+    (_, first_end), (second_start, _) = run(memory * 0.6, "large")
+    assert second_start >= first_end

@@ -77,7 +77,7 @@ class RayExecutor:
 
     def _run(self, ray, tasks: Sequence[TargetTask], keep_going: bool, on_done: OnDone) -> None:
         capacity = ray.cluster_resources().get("memory", 0.0)
-        remote = ray.remote(run_target)
+        remote = ray.remote(_on_ray)
         refs = {}
         for index, task in enumerate(tasks):
             memory = int((task.memory_mb or 1024) * MB)
@@ -115,6 +115,15 @@ class RayExecutor:
         except ray.exceptions.RayError as exc:  # the worker died more often than retried
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             return worker_failed(task, f"{type(exc).__name__}: {first}")
+
+
+def _on_ray(task: TargetTask) -> TargetOutcome:
+    """The Ray task: build, and record what Ray granted it (CPU, memory in bytes)."""
+    import ray
+
+    outcome = run_target(task)
+    outcome.resources = dict(ray.get_runtime_context().get_assigned_resources())
+    return outcome
 
 
 def _too_large(task: TargetTask, memory: int, capacity: float) -> TargetOutcome:

@@ -71,6 +71,9 @@ class TargetOutcome:
     metrics: dict[str, Any] = field(default_factory=dict)
     name: str | None = None  # the recipe's name (from its manifest)
     worker_pid: int | None = None
+    started_at: float | None = None  # epoch seconds on the worker (a timeline of the run)
+    finished_at: float | None = None
+    resources: dict[str, float] = field(default_factory=dict)  # what a scheduler granted
 
     @property
     def target(self) -> str:
@@ -127,7 +130,7 @@ def run_target(task: TargetTask, *, raise_errors: bool = False) -> TargetOutcome
     from winml_recipes.engine.run import run_plan
     from winml_recipes.recipe import load_recipe
 
-    started = time.perf_counter()
+    started, started_at = time.perf_counter(), time.time()
     device, precision = task.device, task.precision
     tracker = _StepTracker(Silent())
     try:
@@ -170,6 +173,8 @@ def run_target(task: TargetTask, *, raise_errors: bool = False) -> TargetOutcome
             failing_step=tracker.current,
             wall_seconds=round(time.perf_counter() - started, 3),
             worker_pid=os.getpid(),
+            started_at=started_at,
+            finished_at=time.time(),
         )
     manifest = result.manifest
     return TargetOutcome(
@@ -183,6 +188,8 @@ def run_target(task: TargetTask, *, raise_errors: bool = False) -> TargetOutcome
         metrics=key_metrics(manifest),
         name=manifest["recipe"]["name"],
         worker_pid=os.getpid(),
+        started_at=started_at,
+        finished_at=time.time(),
     )
 
 
