@@ -397,7 +397,12 @@ def _exit_with(report, as_json: bool) -> None:
 @click.option(
     "-D", "defines", multiple=True, metavar="KEY=VALUE", help="Template variable (repeatable)."
 )
-@click.option("--catalog", "catalog_dir", type=click.Path(path_type=Path, file_okay=False))
+@click.option(
+    "--catalog",
+    "catalog_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Catalog directory (default: ../catalog beside each recipe).",
+)
 @click.option("--source", metavar="NAME", help="Named catalog source (see `build --help`).")
 @with_executor_options
 @click.option("--no-cache", is_flag=True, help="Run every step; neither read nor write the cache.")

@@ -124,7 +124,7 @@ def test_same_bytes_as_local_a_killed_worker_retried_a_failure_alone(cluster, tm
     recipes = [SAM3, mlp, gated]
     local = api.matrix(recipes, targets=TARGETS, output_root=tmp_path / "local")
     store = tmp_path / "ray-cache"
-    assert _seed_exports(Path(os.environ["WINML_RECIPES_CACHE"]), store) == 2
+    assert _seed_exports(Path(os.environ["WINML_RECIPES_CACHE"]), store) >= 2
     thread, finished, result = _ray_in_background(
         recipes, TARGETS, tmp_path / "ray", store, tmp_path / "ray.json"
     )
