@@ -214,9 +214,11 @@ def test_ctrl_c_cancels_a_pool_matrix_and_keeps_outputs_and_cache(tmp_path) -> N
     assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == "zombie"
 
 
-def test_a_task_expects_what_the_last_build_of_its_target_estimated(tmp_path) -> None:
+def test_a_task_expects_what_the_last_build_of_its_target_estimated(tmp_path, monkeypatch) -> None:
     from winml_recipes.exec.resources import DEFAULT_TASK_MB, expected_memory_mb
     from winml_recipes.exec.task import TargetTask
+
+    monkeypatch.setenv("WINML_RECIPES_CACHE", str(tmp_path / "cache"))  # steps run: estimates
 
     recipe = _presets(tmp_path)
     task = TargetTask(str(recipe), "cpu", "fp32", output_root=str(tmp_path / "b"))
@@ -229,3 +231,23 @@ def test_a_task_expects_what_the_last_build_of_its_target_estimated(tmp_path) ->
     step["memory_estimate_mb"] = 20000  # as a full-size calibration would record
     manifest_path.write_text(json.dumps(manifest))
     assert expected_memory_mb(task) == 20000
+
+
+def test_compiled_epcontext_bytes_do_not_depend_on_where_the_build_ran(tmp_path) -> None:
+    """onnxruntime names an EP's partitions (the EPContext node and the bytes of its binary)
+    with a hash of the model's path: two stores must still give the same files."""
+    from winml_recipes import api
+    from winml_recipes.exec.reproducible import fingerprint
+
+    recipe = _presets(tmp_path)
+    recipe.write_text(recipe.read_text().replace("npu, precision: fp32", "npu, precision: uint8"))
+    outs = []
+    for name in ("a", "b"):
+        report = api.matrix(
+            [recipe], targets="npu/uint8", output_root=tmp_path / name, cache_dir=tmp_path / name
+        )
+        assert report.exit_code == 0, report.outcomes[0].error
+        outs.append(tmp_path / name / "mlp" / "npu-uint8")
+    a, b = fingerprint(outs[0]), fingerprint(outs[1])
+    assert "model/model_ctx_qnn.bin" in a
+    assert a == b

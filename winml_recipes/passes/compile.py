@@ -81,6 +81,7 @@ class CompilePass(Pass):
     ) -> StepResult:
         from winml_recipes.feeds import synthetic, take
         from winml_recipes.onnx.metrics import compare_runs
+        from winml_recipes.runtime.epcontext import compile_epcontext
         from winml_recipes.runtime.providers import availability, identity, provider_for_device
         from winml_recipes.runtime.sessions import open_session
 
@@ -92,20 +93,16 @@ class CompilePass(Pass):
                 raise PassError(f"{ep.provider} cannot be used here: {avail.reason}")
             return StepResult(skipped=f"{ep.provider} not available here: {avail.reason}")
         compiled = out_dir / COMPILED
-
-        def configure(so) -> None:
-            so.add_session_config_entry("ep.context_enable", "1")
-            so.add_session_config_entry("ep.context_file_path", str(compiled))
-            so.add_session_config_entry("ep.context_embed_mode", "1" if options["embed"] else "0")
-
         provider_options = {
             k: str(options[k]) for k in ("htp_arch", "soc_model") if options.get(k) is not None
         }
-        uncompiled = open_session(
-            src, ep.key, fallback=False, configure=configure, provider_options=provider_options
+        # A child process compiles: the same bytes wherever and after whatever it runs.
+        compile_epcontext(
+            src, compiled, ep.key, embed=options["embed"], provider_options=provider_options
         )
         if not compiled.is_file():
             raise PassError(f"{ep.provider} wrote no EPContext model")
+        uncompiled = open_session(src, ep.key, fallback=False, provider_options=provider_options)
         loaded = open_session(compiled, ep.key, fallback=False)
         feeds = take(
             synthetic(ctx.contract, options["samples"], options["seed"] + ctx.seed),

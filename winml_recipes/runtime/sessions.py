@@ -30,6 +30,7 @@ from winml_recipes.runtime.providers import (
 
 INTRA_OP_THREADS = 2
 _DISABLE_FALLBACK = "session.disable_cpu_ep_fallback"
+_EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
 _RECORD_PLACEMENT = "session.record_ep_graph_assignment_info"
 _FALLBACK_REFUSED = "fallback to CPU EP has been explicitly disabled"
 # What the QNN EP logs about nodes it will not take (other EPs: no reason is parsed).
@@ -127,11 +128,16 @@ def open_session(
     record_placement: bool = False,
     configure: Callable[[ort.SessionOptions], None] | None = None,
     provider_options: Mapping[str, str] | None = None,
+    path_independent: bool = False,
 ) -> RuntimeSession:
     """A session for `path` on the EP `ep_key`, or a one-line error naming the file.
 
     `configure` may add session config entries (e.g. EPContext generation). Raises
     ExecutionProviderError when the EP cannot load here or (fallback=False) refuses nodes.
+    `path_independent`: load the model from its bytes, so what the EP writes does not
+    depend on where the file is (onnxruntime names an EP's partitions, and so the EPContext
+    node and binary, with a hash of the model's path). A model with external data is read
+    from its folder, which onnxruntime then hashes instead: still path-dependent.
     """
     path = Path(path)
     if not path.is_file():
@@ -158,7 +164,7 @@ def open_session(
     so.log_severity_level = 3
     with native_output_captured() as log:
         try:
-            session = _create(path, so)
+            session = _create(path, so, from_bytes=path_independent)
             error = None
         except ModelFileError as exc:
             session, error = None, exc
@@ -185,9 +191,18 @@ def _load_error(exc: BaseException) -> str:
     return text[:300] if text else type(exc).__name__
 
 
-def _create(path: Path, so: ort.SessionOptions, **kwargs: Any) -> ort.InferenceSession:
+def _create(
+    path: Path, so: ort.SessionOptions, from_bytes: bool = False, **kwargs: Any
+) -> ort.InferenceSession:
+    model: str | bytes = str(path)
+    if from_bytes:
+        from winml_recipes.onnx.io import sidecar_paths
+
+        model = path.read_bytes()
+        if sidecar_paths(path):  # then its folder counts again (onnxruntime hashes it)
+            so.add_session_config_entry(_EXTERNAL_DATA_FOLDER, str(path.parent))
     try:
-        return ort.InferenceSession(str(path), sess_options=so, **kwargs)
+        return ort.InferenceSession(model, sess_options=so, **kwargs)
     except Exception as exc:  # ORT raises Fail / InvalidGraph / NotImplemented / EP_FAIL
         raise ModelFileError(
             f"onnxruntime cannot load the model: {_load_error(exc)}", where=str(path)

@@ -1,0 +1,73 @@
+"""EPContext generation in a fresh process, so the compiled bytes depend on the model alone.
+
+Two things in onnxruntime's QNN EP make a compiled context depend on where and after what
+it was made: partitions are named with a hash of the model's path (loading from bytes
+avoids it, see `open_session(path_independent=True)`), and the QNN graph's tensors are
+numbered by counters that live as long as the process (a second compile of the same
+model in one process gives other numbers in the binary). A fresh interpreter per compile
+gives the same bytes on any executor, after any earlier build.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from winml_recipes.errors import ExecutionProviderError
+
+TIMEOUT_SECONDS = 3600.0
+
+
+def compile_epcontext(
+    src: Path, out: Path, ep_key: str, *, embed: bool, provider_options: Mapping[str, str]
+) -> None:
+    """Write the EPContext model `out` for `src` on the EP `ep_key` (a child process)."""
+    spec = {
+        "src": str(src),
+        "out": str(out),
+        "ep": ep_key,
+        "embed": embed,
+        "provider_options": dict(provider_options),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "winml_recipes.runtime.epcontext", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_SECONDS,
+    )
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
+        raise ExecutionProviderError(lines[-1].removeprefix("error: "), where=str(src))
+
+
+def _main(argv: list[str]) -> int:
+    from winml_recipes.errors import WinmlError
+    from winml_recipes.runtime.sessions import open_session
+
+    spec = json.loads(argv[0])
+
+    def configure(so) -> None:
+        so.add_session_config_entry("ep.context_enable", "1")
+        so.add_session_config_entry("ep.context_file_path", spec["out"])
+        so.add_session_config_entry("ep.context_embed_mode", "1" if spec["embed"] else "0")
+
+    try:
+        open_session(
+            Path(spec["src"]),
+            spec["ep"],
+            fallback=False,
+            configure=configure,
+            provider_options=spec["provider_options"],
+            path_independent=True,
+        )
+    except WinmlError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
