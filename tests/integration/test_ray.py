@@ -10,6 +10,8 @@ import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,6 +22,7 @@ from tests.conftest import MLP_CATALOG, RECIPES, make_mlp_onnx
 from winml_recipes import api
 from winml_recipes.exec.reproducible import fingerprint
 from winml_recipes.exec.resources import DEFAULT_TASK_MB
+from winml_recipes.onnx.io import file_sha256
 
 SAM3 = RECIPES / "sam3-tiny.yaml"
 
@@ -225,3 +228,49 @@ def test_tasks_that_need_most_of_the_memory_never_run_side_by_side(cluster, tmp_
 
     (_, first_end), (second_start, _) = run(memory * 0.6, "large")
     assert second_start >= first_end
+
+
+def test_ctrl_c_cancels_the_ray_tasks_and_leaves_output_and_cache_whole(cluster, tmp_path) -> None:
+    """The CLI joins the running cluster (--address auto); Ctrl-C while a worker quantizes:
+    exit 130, the report says interrupted, the task unwound (no staging folder), the store
+    holds only whole entries."""
+    from tests.conftest import REPO
+
+    store = tmp_path / "cache"
+    api.matrix([SAM3], targets="cpu/fp32", output_root=tmp_path / "seed")  # exports exist
+    assert _seed_exports(Path(os.environ["WINML_RECIPES_CACHE"]), store) >= 2
+    out, report_path = tmp_path / "out", tmp_path / "report.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "winml_recipes", "matrix", SAM3, "--targets", "cpu/int8",
+         "--executor", "ray", "--address", "auto", "-o", out, "--report", report_path],
+        cwd=REPO, env={**os.environ, "WINML_RECIPES_CACHE": str(store)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not list((out / "sam3-tiny").glob(".staging-*/.work/*/??-quantize")):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "never saw the quantize step start"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == (
+        "error: interrupted; the previous output and the cache are intact"
+    )
+    report = json.loads(report_path.read_text())
+    assert (report["status"], [t["status"] for t in report["targets"]]) == (
+        "interrupted",
+        ["not run"],
+    )
+    deadline = time.monotonic() + 60  # the cancelled task unwinds on its worker
+    while list((out / "sam3-tiny").glob(".staging-*")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert list((out / "sam3-tiny").iterdir()) == []
+    assert not list(store.rglob(".tmp-*"))
+    for result in store.glob("??/*/result.json"):  # every entry whole
+        entry = json.loads(result.read_text())
+        for name, digest in entry["sha256"].items():
+            assert file_sha256(result.parent / name) == digest

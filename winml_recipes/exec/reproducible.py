@@ -1,10 +1,19 @@
 """What must not depend on the executor: an output folder's bytes, and its manifest without
 the fields that describe one run (times anywhere, e.g. a step's `wall_seconds` or the
-export's `export_seconds`; memory peaks; whether a step ran or came from the cache)."""
+export's `export_seconds`; memory peaks; whether a step ran or came from the cache, and
+whether the upstream forwards a calibration needs were computed or read from the store).
+
+One exception, outside this tool's reach: the QNN SDK does not reproduce its context
+binaries (`*_qnn.bin`). Compiling the same sam3-tiny decoder graph three times, each in a
+fresh process, gave three binaries of the same size that differ in about 70 bytes (one
+region). They count by size only; the EPContext model that points at them must still be
+identical, and the compile step checks each binary against the uncompiled model on the EP.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +22,24 @@ from winml_recipes.onnx.io import file_sha256
 # Step fields that say how this run went, not what it made. memory_estimate_mb is recorded
 # only when a step ran (a cached step has no estimate to make).
 RUN_FIELDS = ("wall_seconds", "peak_rss_mb", "memory_estimate_mb")
+NOT_REPRODUCED = re.compile(r".*_qnn\.bin")  # QNN context binaries (see above)
+
+
+def _without_unreproduced_digests(value: Any) -> Any:
+    """File records ({name or path, size_bytes, sha256}) of QNN binaries keep their size."""
+    if isinstance(value, dict):
+        name = str(value.get("name") or value.get("path") or "")
+        return {
+            k: _without_unreproduced_digests(v)
+            for k, v in value.items()
+            if not (k == "sha256" and NOT_REPRODUCED.fullmatch(Path(name).name))
+        }
+    if isinstance(value, list):
+        return [_without_unreproduced_digests(v) for v in value]
+    return value
+
+
+RUN_METRICS = ("upstream_forwards",)  # computed vs reused from the store: the cache's state
 
 
 def _without_times(value: Any) -> Any:
@@ -20,7 +47,7 @@ def _without_times(value: Any) -> Any:
         return {
             k: _without_times(v)
             for k, v in value.items()
-            if not (k == "seconds" or k.endswith("_seconds"))
+            if not (k == "seconds" or k.endswith("_seconds") or k in RUN_METRICS)
         }
     if isinstance(value, list):
         return [_without_times(v) for v in value]
@@ -28,7 +55,7 @@ def _without_times(value: Any) -> Any:
 
 
 def comparable_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
-    manifest = _without_times(manifest)
+    manifest = _without_unreproduced_digests(_without_times(manifest))
     out = dict(manifest)
     out["components"] = {}
     for name, comp in manifest["components"].items():
@@ -49,6 +76,8 @@ def fingerprint(out_dir: Path) -> dict[str, Any]:
         rel = path.relative_to(out_dir).as_posix()
         if rel == "manifest.json":
             out[rel] = comparable_manifest(json.loads(path.read_text()))
+        elif NOT_REPRODUCED.fullmatch(path.name):
+            out[rel] = {"size_bytes": path.stat().st_size}
         else:
             out[rel] = file_sha256(path)
     return out
