@@ -109,11 +109,18 @@ def matrix(
     is 0, 3 (quality gate), 2 (bad input) or 1 (internal). `progress`: "stdout"/"stderr"
     (one line per step), "rich" (a live view; local only) or "none".
     """
+    import os
+
+    from winml_recipes.catalog import CATALOG_ENV
+    from winml_recipes.engine.cache import default_cache_dir
     from winml_recipes.exec.choose import make_executor
     from winml_recipes.exec.matrix import expand, parse_targets, run_tasks
     from winml_recipes.exec.task import TargetTask
 
     chosen = make_executor(executor, jobs=jobs, address=address, raise_errors=raise_errors)
+    # The driver's store and catalog, whatever the workers' environment says.
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    catalog_dir = catalog_dir or os.environ.get(CATALOG_ENV) or None
     if progress == "rich" and chosen.name != "local":
         progress = "stderr"
     base = TargetTask(

@@ -72,7 +72,8 @@ def test_keep_going_builds_the_rest_and_the_report_file_lists_both(tmp_path) -> 
     manifest = json.loads(Path(npu["manifest_path"]).read_text())
     assert manifest["target"] == {"device": "npu", "precision": "fp32"}
     assert npu["output_dir"] == str(out / "mlp" / "npu-fp32")
-    assert npu["metrics"]["size_mb"] > 0 and npu["metrics"]["steps_ran"] >= 1
+    assert npu["metrics"]["size_mb"] > 0
+    assert npu["metrics"]["steps_ran"] + npu["metrics"]["steps_cached"] >= 2
     assert not (out / "mlp" / "cpu-fp32").exists()
 
 
