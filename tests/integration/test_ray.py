@@ -114,8 +114,22 @@ def _assert_same_outputs(local, left: Path, right: Path) -> int:
         ours, theirs = fingerprint(left / rel), fingerprint(right / rel)
         assert ours.keys() == theirs.keys(), rel
         for name in ours:
-            assert ours[name] == theirs[name], (rel, name)
+            assert ours[name] == theirs[name], (rel, name, _differences(ours[name], theirs[name]))
     return len(built)
+
+
+def _differences(a, b, path: str = "") -> list[str]:
+    """Where two fingerprints differ (key paths), for a failure message that says what."""
+    out: list[str] = []
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            out += _differences(a.get(k), b.get(k), f"{path}.{k}")
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            out += _differences(x, y, f"{path}[{i}]")
+        return out
+    return [] if a == b else [f"{path}: {a!r:.80} != {b!r:.80}"]
 
 
 # sam3-tiny: cpu/fp32 and cpu/int8 (it declares no npu/fp32); the MLP: all three.

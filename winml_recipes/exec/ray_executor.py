@@ -78,6 +78,7 @@ class RayExecutor:
     def _run(self, ray, tasks: Sequence[TargetTask], keep_going: bool, on_done: OnDone) -> None:
         capacity = ray.cluster_resources().get("memory", 0.0)
         remote = ray.remote(_on_ray)
+        threads = local_threads()
         refs = {}
         for index, task in enumerate(tasks):
             memory = int((task.memory_mb or 1024) * MB)
@@ -90,7 +91,7 @@ class RayExecutor:
                 max_retries=self.max_retries,
                 retry_exceptions=False,
                 name=f"build {task.label}",
-            ).remote(task)
+            ).remote(task, threads)
             refs[ref] = index
         pending = list(refs)
         try:
@@ -117,10 +118,30 @@ class RayExecutor:
             return worker_failed(task, f"{type(exc).__name__}: {first}")
 
 
-def _on_ray(task: TargetTask) -> TargetOutcome:
-    """The Ray task: build, and record what Ray granted it (CPU, memory in bytes)."""
+def local_threads() -> int:
+    """The intra-op threads torch uses in a plain process here: $OMP_NUM_THREADS, else the
+    physical cores (torch's default)."""
+    import psutil
+
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    return int(env) if env.isdigit() and int(env) > 0 else psutil.cpu_count(logical=False) or 1
+
+
+def _on_ray(task: TargetTask, threads: int) -> TargetOutcome:
+    """The Ray task: build with torch on the driver's thread count, and record what Ray
+    granted it (CPU, memory in bytes).
+
+    Ray sets OMP_NUM_THREADS to the task's CPUs (1), so torch would run single-threaded;
+    torch's float sums then differ in the last bits from a local build's, and so would the
+    export's measured parity with torch in the manifest (the model bytes do not change).
+    """
+    import sys
+
     import ray
 
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # read when torch is first imported
+    if "torch" in sys.modules:  # a worker that ran an export before
+        sys.modules["torch"].set_num_threads(threads)
     outcome = run_target(task)
     outcome.resources = dict(ray.get_runtime_context().get_assigned_resources())
     return outcome
