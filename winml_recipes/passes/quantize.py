@@ -219,6 +219,7 @@ def _static(
             store_outputs(store, ctx.input_digest, feed, outputs)
 
     nonfinite: list[str] = []
+    sentinels: dict[str, dict[str, list[float]]] = {}
     ranges = calibrate(
         src,
         counted,
@@ -227,8 +228,15 @@ def _static(
         work_dir=ctx.work_dir,
         on_outputs=keep,
         nonfinite=nonfinite,
+        sentinels=sentinels,
     )
     calibration_seconds = time.perf_counter() - started
+    if sentinels:
+        from winml_recipes.onnx.io import save_model
+        from winml_recipes.quant.calibrate import replace_sentinel_constants
+
+        if replace_sentinel_constants(model, sentinels):
+            src = save_model(model, ctx.work_dir / "finite-sentinels" / "model.onnx")
     shared: list[list[str]] = []
     if cfg.qnn:
         from winml_recipes.quant.qnn_rules import shared_encoding_groups, unify_ranges
@@ -257,6 +265,8 @@ def _static(
         "htp_rewrites": rewrites,
         # activations with infinite values (additive masks): no range, left in float
         "kept_float_nonfinite": nonfinite,
+        # activations holding sentinels (float32-min attention masks): range clamped
+        "clamped_sentinels": sentinels,
     }
     if isinstance(feeds, UpstreamFeeds):
         metrics["upstream_forwards"] = {"computed": feeds.computed, "reused": feeds.reused}
@@ -329,7 +339,6 @@ def _upgrade_opset(model, cfg: QuantConfig):
     per-channel DequantizeLinear gets an `axis` the opset does not have. Converting first,
     with onnx's version converter, calibrates the graph that is quantized.
     """
-    import onnx
     from onnx import version_converter
 
     from winml_recipes.errors import PassError
@@ -340,7 +349,16 @@ def _upgrade_opset(model, cfg: QuantConfig):
         return None
     try:
         converted = version_converter.convert_version(model, needed)
-        onnx.checker.check_model(converted, full_check=False)
+        # The converter writes value infos without shapes, which the checker refuses
+        # ("Field 'shape' of 'type' is required"): they are dropped. What the checker says
+        # of the source itself (an exporter's output without a shape at IR 6) is no
+        # failure of the conversion.
+        for value in [v for v in converted.graph.value_info if not v.type.HasField("tensor_type")
+                      or not v.type.tensor_type.HasField("shape")]:  # fmt: skip
+            converted.graph.value_info.remove(value)
+        problem = _checker_error(converted)
+        if problem is not None and problem != _checker_error(model):
+            raise ValueError(problem)
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise PassError(
@@ -349,6 +367,16 @@ def _upgrade_opset(model, cfg: QuantConfig):
             "with the exporter that made it"
         ) from None
     return converted
+
+
+def _checker_error(model) -> str | None:
+    import onnx
+
+    try:
+        onnx.checker.check_model(model, full_check=False)
+    except onnx.checker.ValidationError as exc:
+        return str(exc)
+    return None
 
 
 def _quantized_bins(activation_type: str, num_bins: int) -> int:
