@@ -160,6 +160,13 @@ def write_adhoc_project(
     ]
     given = {d for s in specs if s.name in shapes for d in s.shape if isinstance(d, str)}
     missing = unset_dims(specs, given)
+    if missing and calibration_data is not None:
+        # The data knows the sizes the model runs at (a sequence length, an image side).
+        read = dims_from_npz(specs, missing, calibration_data, entry["components"]["model"]["dims"])
+        if read:
+            entry, _ = onnx_entry(model_path, name, {**read, **shapes})
+            given |= {d for s in specs if s.name in read for d in s.shape if isinstance(d, str)}
+            missing = unset_dims(specs, given)
     if missing:
         listed = "; ".join(f"{n}: {', '.join(ds)}" for n, ds in missing.items())
         first = next(s for s in specs if s.name in missing)
@@ -186,6 +193,40 @@ def write_adhoc_project(
     path = root / "recipes" / f"{name}.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path
+
+
+def dims_from_npz(
+    specs: list[TensorSpec],
+    missing: Mapping[str, list[str]],
+    data: str,
+    dims: Mapping[str, int],
+) -> dict[str, tuple[int, ...]]:
+    """`--shape` values for the inputs with unset dims, read from the first `.npz` file of
+    `data` (array headers only): a sample's shape, the leading sample axis removed.
+
+    Only dims nothing set are taken from the data; the others keep their value (`dims`), so
+    an `(8, 32)` array for `[batch, sequence]` still meets the npz ambiguity check.
+    """
+    from winml_recipes.feeds import npz_files, npz_headers
+
+    if Path(data).is_dir():
+        return {}
+    path = Path(data)
+    headers = npz_headers(npz_files(path.name, path.parent)[0])
+    out: dict[str, tuple[int, ...]] = {}
+    for spec in specs:
+        if spec.name not in missing or spec.name not in headers:
+            continue
+        shape = headers[spec.name][0]
+        if len(shape) == len(spec.shape) + 1:
+            shape = shape[1:]
+        if len(shape) != len(spec.shape) or 0 in shape:
+            continue  # the npz check says what is wrong with it
+        out[spec.name] = tuple(
+            dims.get(d, 1) if isinstance(d, str) and d not in missing[spec.name] else int(g)
+            for d, g in zip(spec.shape, shape, strict=True)
+        )
+    return out
 
 
 def _data_option(data: str) -> dict[str, str]:
