@@ -44,7 +44,7 @@ def test_precision_sets_the_types(device, precision, activation, weight) -> None
 
 def test_npu_preset_is_static_qdq_with_qnn_rules() -> None:
     c = cfg("npu", "uint8")
-    assert (c.mode, c.format, c.qnn, c.per_channel) == ("static", "qdq", True, False)
+    assert (c.mode, c.format, c.qnn, c.per_channel) == ("static", "qdq", True, True)
     assert c.calibration == CalibrationConfig()
     assert (c.calibration.method, c.calibration.samples, c.calibration.seed) == ("minmax", 16, 0)
 
