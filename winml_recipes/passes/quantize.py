@@ -57,14 +57,21 @@ class QuantizePass(Pass):
 
     def key_material(self, options: dict[str, Any], ctx: StepContext) -> Any:
         from winml_recipes.feeds import upstream_data_digest
+        from winml_recipes.presets import device_settings, precision_settings
         from winml_recipes.runtime.providers import identity, provider_for_device
 
         data = upstream_data_digest(options.get("calibration"), ctx.upstream, ctx.recipe_dir)
+        # what the presets fill in (per_channel, types) is not in the step's options
+        preset = {
+            "device": device_settings(ctx.target.device).get("quantize"),
+            "precision": precision_settings(ctx.target.precision),
+        }
         mixed = options.get("mixed_precision")
         if not (isinstance(mixed, dict) and mixed.get("auto")):
-            return data
+            return {"data": data, "preset": preset}
         # Automatic mixed precision scores candidates on the target's EP where it loads.
-        return {"data": data, "scored_on": identity(provider_for_device(ctx.target.device).key)}
+        ep = identity(provider_for_device(ctx.target.device).key)
+        return {"data": data, "preset": preset, "scored_on": ep}
 
     def estimate_memory(
         self, src: Path, options: dict[str, Any], inputs: EstimateInputs
