@@ -93,6 +93,13 @@ def _tensor(spec: TensorSpec) -> dict:
         out["range"] = [float(spec.range[0]), float(spec.range[1])]
     if spec.values is not None:
         out["values"] = list(spec.values)
+    if spec.image is not None:
+        out["image"] = {
+            "size": list(spec.image.size),
+            "mean": list(spec.image.mean),
+            "std": list(spec.image.std),
+            "layout": spec.image.layout,
+        }
     return out
 
 
