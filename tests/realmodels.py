@@ -387,7 +387,44 @@ def recognizer(folder: Path, calib: int = 16, heldout: int = 16, opset: int = 12
     )  # fmt: skip
 
 
-BUILDERS = {"bert": bert, "cnn": cnn, "recognizer": recognizer}
+def classifier(folder: Path, calib: int = 16, heldout: int = 16) -> RealModel:
+    """A small image classifier: transformers' ResNet (two stages), 10 classes, 64 px."""
+    import torch
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    torch.manual_seed(0)
+    config = ResNetConfig(
+        embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], num_labels=10,
+        layer_type="basic",
+    )  # fmt: skip
+    model = ResNetForImageClassification(config)
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixel_values):
+            return self.model(pixel_values=pixel_values).logits
+
+    net = Logits()
+    head = model.classifier[-1]
+    rng = np.random.default_rng(3)
+    _fit_batchnorm(net, _images(rng, 64, (64, 64)))
+    _head(head, gain=4.0)
+    _sharpen(net, head, _images(rng, 128, (64, 64)))
+    samples = [{"pixel_values": x} for x in _images(rng, calib + heldout, (64, 64))]
+    folder.mkdir(parents=True, exist_ok=True)
+    _export(net, (torch.from_numpy(np.concatenate([samples[0]["pixel_values"]] * 2)),),
+            folder / "model.onnx", ["pixel_values"], ["logits"],
+            {"pixel_values": {0: "batch"}}, 17)  # fmt: skip
+    c, h = _save_data(folder, samples, calib)
+    return RealModel(
+        "classifier", folder / "model.onnx", c, h, "top-1 agreement", top1_agreement, 1.0
+    )
+
+
+BUILDERS = {"bert": bert, "cnn": cnn, "recognizer": recognizer, "classifier": classifier}
 
 
 def heldout_feeds(model: RealModel) -> list[Feed]:
