@@ -12,6 +12,9 @@
   their EPContext compile, as ratios against verification on the CPU EP.
 - sam3-mid (bench/mid.py): wall time and peak RSS per step of the npu/w8a16 build at the
   full-size shapes, against one fp32 forward pass of its encoder.
+- third-party quantizers (bench/thirdparty.py, with WINML_BENCH_THIRDPARTY=1, ~10 min):
+  ours against onnxruntime's get_qnn_qdq_config a16w8 and quantize_static u8 on a BERT,
+  a CNN, a text recognizer and a ResNet, task metric on the CPU EP and QNN HTP.
 
 Run with `make bench`. Prints a table and writes bench/out/results.json.
 """
@@ -103,6 +106,11 @@ def main() -> int:
     import mid
 
     mid.main()
+    if os.environ.get("WINML_BENCH_THIRDPARTY") == "1":
+        print()
+        import thirdparty
+
+        thirdparty.main([])
     return 0 if ok and memory_ok else 1
 
 

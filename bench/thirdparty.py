@@ -184,11 +184,11 @@ HEADER = (
 )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(realmodels.BUILDERS))
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
     print(HEADER, flush=True)
     rows = run(names)
