@@ -410,11 +410,13 @@ def _constant_wheres_to_arithmetic(model: onnx.ModelProto) -> int:
         a, b = (_constant(model, name) for name in node.input[1:3])
         if a is None or b is None or a.size != 1 or b.size != 1 or a.dtype.kind != "f":
             continue
+        if not (np.isfinite(a).all() and np.isfinite(b).all()):
+            continue  # 0 * inf is NaN: an infinite mask stays a Where (and in float)
         base = node.output[0]
         names = [f"{base}_{k}" for k in ("cond", "delta", "scaled", "base")]
         cond, delta, scaled, offset = names
-        with np.errstate(over="ignore"):  # finfo.min sentinels: inf is clamped later
-            step = np.asarray(a, np.float64) - np.asarray(b, np.float64)
+        # in float64: 0 - finfo.min is finfo.max, exactly representable
+        step = np.asarray(a, np.float64) - np.asarray(b, np.float64)
         step = np.clip(step, -np.finfo(a.dtype).max, np.finfo(a.dtype).max).astype(a.dtype)
         graph.initializer.extend([
             numpy_helper.from_array(step.reshape(a.shape), delta),
