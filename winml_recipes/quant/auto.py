@@ -37,6 +37,10 @@ def _score(
     return {name: round(m["sqnr_db"], 3) for name, m in metrics.items()}
 
 
+def _already(overrides: dict[str, list[dict[str, Any]]], tensor: str, wide: str) -> bool:
+    return any(o.get("quant_type") == wide for o in overrides.get(tensor, []))
+
+
 def scored_on(device: str) -> str:
     """Where candidates are scored: the device's EP when it loads here, else the simulation."""
     from winml_recipes.runtime.providers import availability, provider_for_device
@@ -105,6 +109,10 @@ def promote(
         # Tensors that must share one encoding on the target are promoted together.
         batch = list(dict.fromkeys(m for t in batch for m in group_of.get(t, [t])))
         candidates = [t for t in candidates if t not in batch]
+        # a group member a region already made `wide` changes nothing: not counted
+        batch = [t for t in batch if not _already(overrides, t, wide)]
+        if not batch:
+            continue
         trial_overrides = {
             **overrides,
             **{t: [{"quant_type": wide}] for t in [*promoted, *batch]},
