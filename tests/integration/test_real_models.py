@@ -62,6 +62,22 @@ def test_bert_with_attention_mask_at_opset_11(tmp_path: Path) -> None:
     assert score >= model.threshold, f"{model.metric} {score:.4f} on {ran_on}"
 
 
+def test_bert_without_data_calibrates_on_padded_masks(tmp_path: Path) -> None:
+    """Without data, synthetic masks are padded like a tokenizer's (all-ones masks left
+    the mask path a range of 0, and its finfo.min constants made HTP fail to finalize)
+    and token ids stay below the vocabulary the embedding table has."""
+    model = realmodels.bert(tmp_path / "bert", calib=1, heldout=1)
+    shapes = [a for n in ("input_ids", "attention_mask", "token_type_ids")
+              for a in ("--shape", f"{n}=1x{realmodels.SEQUENCE}")]  # fmt: skip
+    done = cli("build", "--onnx", model.model, "--device", "npu", "--precision", "w8a16",
+               *shapes, "-o", tmp_path / "o", "--json")  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    steps = {s["pass"]: s for s in json.loads(done.stdout)["components"]["model"]["steps"]}
+    assert steps["quantize"]["metrics"]["calibration_source"].startswith("synthetic")
+    assert steps["quantize"]["metrics"]["clamped_sentinels"]  # masked positions were seen
+    assert steps["verify"]["metrics"]["outputs"]["sentence_embedding"]["cosine"] >= 0.99
+
+
 def test_cnn_with_relu6_and_hardswish(tmp_path: Path) -> None:
     """ReLU6 -> Clip and HardSwish (inlined to HardSigmoid * x by the normalization): the
     top-1 class of every held-out image is the float model's."""

@@ -87,3 +87,26 @@ def test_image_inputs_are_recognised_from_their_shape() -> None:
     assert spec.image is not None and spec.image.size == (32, 32)
     low, high = spec.range
     assert low < -2 and high > 2.5  # ImageNet-normalized [0, 1] pixels
+
+
+def test_masks_are_drawn_as_padding() -> None:
+    """All-ones masks left the mask path a range of 0: the quantized model ignored masks."""
+    from winml_recipes.onnx.inputs import make_inputs
+    from winml_recipes.specs import TensorSpec
+
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["attention_mask"], ["y"], to=F)],
+        "m",
+        [helper.make_tensor_value_info("attention_mask", I64, ["batch", "sequence"])],
+        [helper.make_tensor_value_info("y", F, ["batch", "sequence"])],
+    )
+    spec = specs_from_model(helper.make_model(graph, ir_version=10))[0][0]
+    assert spec.values == (0, 1)
+    masks = [f["attention_mask"] for f in make_inputs([spec], {"batch": 4, "sequence": 16}, 0, 8)]
+    rows = np.concatenate(masks)
+    assert (rows[:, 0] == 1).all()  # never fully masked
+    assert (np.diff(rows, axis=1) <= 0).all()  # ones, then zeros
+    assert (rows == 0).any()  # some padding to calibrate the mask path on
+    other = TensorSpec("flags", "int64", (2, 8), values=(0, 1))  # not a mask: uniform
+    drawn = make_inputs([other], {}, 0, 4)
+    assert any((np.diff(f["flags"], axis=1) > 0).any() for f in drawn)

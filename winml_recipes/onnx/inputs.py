@@ -43,6 +43,12 @@ def make_inputs(
 
 def _draw(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     dtype = np.dtype(_ALIASES.get(spec.dtype, spec.dtype))
+    if _is_mask(spec, shape):
+        # as a tokenizer pads: ones, then zeros; at least one position kept per row
+        rows = int(np.prod(shape[:-1], dtype=np.int64))
+        kept = rng.integers(1, shape[-1] + 1, size=rows)
+        mask = np.arange(shape[-1])[None, :] < kept[:, None]
+        return mask.reshape(shape).astype(dtype)
     if spec.values:
         return rng.choice(np.asarray(spec.values), size=shape).astype(dtype)
     if dtype == np.bool_:
@@ -61,7 +67,22 @@ def _draw(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) ->
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Integer inputs whose only safe synthetic value is known from the name (BERT-style).
-_KNOWN_VALUES = {"token_type_ids": (0,), "attention_mask": (1,)}
+_KNOWN_VALUES = {"token_type_ids": (0,), "attention_mask": (0, 1)}
+
+
+def _is_mask(spec: TensorSpec, shape: tuple[int, ...]) -> bool:
+    """An integer {0, 1} input named like a mask, over a sequence: drawn as padding is.
+
+    Calibrating with no masked position leaves a mask path (`(1 - m) * finfo.min`) a
+    range of 0, so the quantized model would ignore the mask; all-ones masks did.
+    """
+    return (
+        spec.name.endswith("mask")
+        and spec.values is not None
+        and sorted(spec.values) == [0, 1]
+        and len(shape) >= 2
+        and shape[-1] > 0
+    )
 
 
 def dim_names(model: onnx.ModelProto) -> dict[tuple[str, int], str]:
