@@ -22,7 +22,10 @@ def known_names() -> tuple[str, str, str]:
 
 
 RECIPES = REPO / "recipes"
-CATALOG = REPO / "catalog"
+# The built-in catalog and partials ship inside the package (winml_recipes/data).
+DATA = REPO / "winml_recipes" / "data"
+CATALOG = DATA / "catalog"
+PARTIALS = DATA / "partials"
 
 
 @pytest.fixture(scope="session", autouse=True)

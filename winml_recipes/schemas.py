@@ -1,8 +1,9 @@
 """JSON Schemas: the recipe schema (composed from every registered pass), catalog, manifest.
 
-The Python definitions here are the source of truth; `winml-recipes schema --write`
-(`make schema`) writes them to schemas/*.json for editors, and a test fails when the
-committed files are stale.
+The Python definitions here are the source of truth; `make schema` writes them to
+schemas/*.json (for editors in this repository) and winml_recipes/data/schemas/*.json (the
+package's copy, which the built-in catalog entries point at), and a test fails when either
+is stale. `init` writes them into a new project.
 """
 
 from __future__ import annotations
