@@ -24,7 +24,8 @@ class Target:
 @cache
 def presets() -> dict[str, Any]:
     text = resources.files("winml_recipes").joinpath("presets.yaml").read_text()
-    return yaml.safe_load(text)
+    # libyaml's loader when PyYAML has it: 1.5 ms instead of 50 ms, paid by every process.
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def devices() -> list[str]:
