@@ -120,11 +120,18 @@ class FusedOpRule(pattern.RewriteRuleClassBase):
         self.state, self.domain = state, domain
         self._container: ir.Graph | ir.Function | None = None
 
+    def fused(self, op, *inputs):
+        """The pattern: this op on its leading inputs (optional ones are read from the node)."""
+        return getattr(op, self.op_type)(
+            *inputs, _domain=self.domain, _allow_other_inputs=True, _outputs=["out"]
+        )
+
     def validate(self, node: ir.Node) -> None:
         """Raise Refused for anything the replacement would not reproduce exactly."""
         self.state.check_attrs(node)
 
     def check(self, context, out: ir.Value, **_: Any) -> MatchResult:
+        # onnxscript calls rewrite() right after a check() that passed, for the same match.
         self._container = context.graph_or_function
         try:
             self.validate(out.producer())
@@ -149,10 +156,7 @@ class QLinearConvRule(FusedOpRule):
     op_type = "QLinearConv"
 
     def pattern(self, op, x, xs, xz, w, ws, wz, ys, yz):
-        return op.QLinearConv(
-            x, xs, xz, w, ws, wz, ys, yz, _domain=self.domain, _allow_other_inputs=True,
-            _outputs=["out"],
-        )  # fmt: skip
+        return self.fused(op, x, xs, xz, w, ws, wz, ys, yz)
 
     def validate(self, node):
         self.state.qlinear_params(node, [(0, 1, 2), (3, 4, 5), (-1, 6, 7)])
@@ -175,9 +179,7 @@ class QLinearMatMulRule(FusedOpRule):
     op_type = "QLinearMatMul"
 
     def pattern(self, op, a, as_, az, b, bs, bz, ys, yz):
-        return op.QLinearMatMul(
-            a, as_, az, b, bs, bz, ys, yz, _domain=self.domain, _outputs=["out"]
-        )
+        return self.fused(op, a, as_, az, b, bs, bz, ys, yz)
 
     def validate(self, node):
         self.state.qlinear_params(node, [(0, 1, 2), (3, 4, 5), (-1, 6, 7)])
@@ -196,9 +198,7 @@ class QLinearBinaryRule(FusedOpRule):
         super().__init__(state, domain)
 
     def pattern(self, op, a, as_):
-        return getattr(op, self.op_type)(
-            a, as_, _domain=self.domain, _allow_other_inputs=True, _outputs=["out"]
-        )
+        return self.fused(op, a, as_)
 
     def validate(self, node):
         self.state.qlinear_params(node, [(0, 1, 2), (3, 4, 5), (-1, 6, 7)])
@@ -219,9 +219,7 @@ class QLinearUnaryRule(FusedOpRule):
         super().__init__(state, domain)
 
     def pattern(self, op, x, xs):
-        return getattr(op, self.op_type)(
-            x, xs, _domain=self.domain, _allow_other_inputs=True, _outputs=["out"]
-        )
+        return self.fused(op, x, xs)
 
     def validate(self, node):
         self.state.qlinear_params(node, [(0, 1, 2), (-1, 3, 4)])
@@ -245,9 +243,7 @@ class QLinearSoftmaxRule(FusedOpRule):
     op_type = "QLinearSoftmax"
 
     def pattern(self, op, x, xs):
-        return op.QLinearSoftmax(
-            x, xs, _domain=self.domain, _allow_other_inputs=True, _outputs=["out"]
-        )
+        return self.fused(op, x, xs)
 
     def _opset(self) -> int:
         container = self._container
@@ -287,9 +283,7 @@ class QLinearConcatRule(FusedOpRule):
     op_type = "QLinearConcat"
 
     def pattern(self, op, ys, yz):
-        return op.QLinearConcat(
-            ys, yz, _domain=self.domain, _allow_other_inputs=True, _outputs=["out"]
-        )
+        return self.fused(op, ys, yz)
 
     @staticmethod
     def _triples(node: ir.Node) -> list[tuple[int, int, int]]:
@@ -320,7 +314,7 @@ class QGemmRule(FusedOpRule):
     op_type = "QGemm"
 
     def pattern(self, op, a, as_):
-        return op.QGemm(a, as_, _domain=self.domain, _allow_other_inputs=True, _outputs=["out"])
+        return self.fused(op, a, as_)
 
     def validate(self, node):
         self.state.qlinear_params(node, [(0, 1, 2), (3, 4, 5), (-1, 7, 8)])
@@ -350,9 +344,7 @@ class MatMulIntegerToFloatRule(FusedOpRule):
     op_type = "MatMulIntegerToFloat"
 
     def pattern(self, op, a, b, as_, bs):
-        return op.MatMulIntegerToFloat(
-            a, b, as_, bs, _domain=self.domain, _allow_other_inputs=True, _outputs=["out"]
-        )
+        return self.fused(op, a, b, as_, bs)
 
     def validate(self, node):
         super().validate(node)
@@ -374,9 +366,7 @@ class DynamicQuantizeMatMulRule(FusedOpRule):
     op_type = "DynamicQuantizeMatMul"
 
     def pattern(self, op, a, b, bs):
-        return op.DynamicQuantizeMatMul(
-            a, b, bs, _domain=self.domain, _allow_other_inputs=True, _outputs=["out"]
-        )
+        return self.fused(op, a, b, bs)
 
     def validate(self, node):
         super().validate(node)
@@ -394,9 +384,7 @@ class MatMulNBitsRule(FusedOpRule):
     op_type = "MatMulNBits"
 
     def pattern(self, op, a, b, scales):
-        return op.MatMulNBits(
-            a, b, scales, _domain=self.domain, _allow_other_inputs=True, _outputs=["out"]
-        )
+        return self.fused(op, a, b, scales)
 
     def validate(self, node):
         super().validate(node)
@@ -442,9 +430,7 @@ class GatherBlockQuantizedRule(FusedOpRule):
     op_type = "GatherBlockQuantized"
 
     def pattern(self, op, data, ids, scales):
-        return op.GatherBlockQuantized(
-            data, ids, scales, _domain=self.domain, _allow_other_inputs=True, _outputs=["out"]
-        )
+        return self.fused(op, data, ids, scales)
 
     def validate(self, node):
         super().validate(node)
