@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from winml_recipes.errors import PassError
+from winml_recipes.onnx.quant import QOPERATOR_OPS, WEIGHT_ONLY_OPS
 from winml_recipes.quant.dequantize import QUANT_OPS, dequantize_model
-from winml_recipes.quant.dequantize.rules import RULE_CLASSES, fused_op_rules
+from winml_recipes.quant.dequantize.rules import fused_op_rules
 from winml_recipes.quant.dequantize.state import DequantizeState
 
 MS = "com.microsoft"
@@ -30,12 +32,12 @@ def _t(name: str, array) -> TensorProto:
     return numpy_helper.from_array(np.asarray(array), name)
 
 
-def _model(nodes, inputs, inits, *, out_elem=F32, opset=17) -> onnx.ModelProto:
+def _model(nodes, inputs, inits, *, out_elem=F32, out_shape=None, opset=17) -> onnx.ModelProto:
     graph = helper.make_graph(
         nodes,
         "g",
         [helper.make_tensor_value_info(n, elem, shape) for n, elem, shape in inputs],
-        [helper.make_tensor_value_info("y", out_elem, None)],
+        [helper.make_tensor_value_info("y", out_elem, out_shape)],
         inits,
     )
     opsets = [helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)]
@@ -249,19 +251,12 @@ def test_dynamic_quantize_matmul_with_bias():
     assert np.abs(_run(q, {"x": x}) - want).max() <= bound
 
 
-def test_every_fused_op_has_a_rule_in_both_domains():
-    model = onnx_ir_model()
-    rules = list(fused_op_rules(DequantizeState(model)))
-    names = {str(r) for r in rules}
-    assert len(rules) == 2 * (len(RULE_CLASSES) + 6)
-    for op in ("QLinearConv", "QLinearAdd", "QLinearAveragePool", "MatMulNBits"):
-        assert {op, f"{op}[{MS}]"} <= names
-
-
-def onnx_ir_model():
-    import onnx_ir as ir
-
-    return ir.from_proto(_model([], [("y", F32, [1])], []))
+def test_every_fused_op_the_detector_knows_has_a_rule_in_both_domains():
+    state = DequantizeState(ir.from_proto(_model([], [("y", F32, [1])], [])))
+    names = {str(rule) for rule in fused_op_rules(state)}
+    integer_fusions = {"ConvInteger", "MatMulInteger"}  # a pass: their Mul chain varies
+    for op in (QOPERATOR_OPS | WEIGHT_ONLY_OPS | {"DynamicQuantizeMatMul"}) - integer_fusions:
+        assert {op, f"{op}[{MS}]"} <= names, op
 
 
 # ---------------------------------------------------------------------------- refusals
@@ -343,3 +338,34 @@ def test_refused_requantizing_pair_says_why():
         "; node dq2 (DequantizeLinear): its scale or zero point differ from those of q1: "
         "a requantization"
     )
+
+
+def test_rule_inside_a_model_local_function_makes_constant_nodes():
+    """Functions have no initializers: the float weight is a Constant node in the body."""
+    rng = np.random.default_rng(10)
+    k, n, block = 32, 4, 16
+    packed = rng.integers(0, 256, (n, k // block, block // 2)).astype(np.uint8)
+    scales = (rng.random(n * k // block) * 0.1).astype(np.float32)
+    mk = helper.make_node
+    body = [
+        mk("Constant", [], ["B"], value=_t("B", packed)),
+        mk("Constant", [], ["s"], value=_t("s", scales)),
+        mk("MatMulNBits", ["a", "B", "s"], ["out"], domain=MS, name="mmnb", K=k, N=n, bits=4,
+           block_size=block),
+    ]  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)]
+    fn = helper.make_function("local", "Proj", ["a"], ["out"], body, opsets)
+    proj = mk("Proj", ["x"], ["y"], domain="local", name="proj")
+    q = _model([proj], [("x", F32, [2, k])], [], out_shape=[2, n])
+    q.opset_import.append(helper.make_opsetid("local", 1))
+    q.functions.append(fn)
+    d, report = dequantize_model(q)
+    assert report.counts == {"matmul_nbits_replaced": 1}
+    assert [(n.op_type, n.domain) for n in d.functions[0].node] == [
+        ("Constant", ""),
+        ("MatMul", ""),
+    ]
+    assert not d.graph.initializer
+    onnx.checker.check_model(d)
+    x = rng.standard_normal((2, k)).astype(np.float32)
+    np.testing.assert_allclose(_run(d, {"x": x}), _run(q, {"x": x}), rtol=1e-5, atol=1e-5)

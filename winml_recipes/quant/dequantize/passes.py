@@ -108,7 +108,7 @@ class IntegerFusions(_StatePass):
         Each integer input is either dynamic (a DynamicQuantizeLinear output with its zero
         point) or a constant. The Mul chain after the Cast must multiply by the dynamic
         scales and by constants; the constants (the weight scale) fold into the constant
-        input. Anything else is left alone for the remaining-ops report.
+        input. Anything else is refused, with the reason.
         """
         self.state.check_attrs(node)
         sides = [self._integer_side(node, 0, 2), self._integer_side(node, 1, 3)]
