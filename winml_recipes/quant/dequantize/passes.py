@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, RemoveUnusedOpsetsPass
-from onnxscript.rewriter import RULE_NAME_TAG, RewritePass, pattern
+from onnxscript.rewriter import RewritePass, pattern
 
 from winml_recipes.quant.dequantize.report import Leftover
 from winml_recipes.quant.dequantize.state import DequantizeState, Refused
@@ -75,13 +75,15 @@ class ExpandFusedOps(RewritePass):
         unnamed = [node for graph in self.state.graph_likes() for node in graph if not node.name]
         result = super().call(model)
         if result.modified:
-            # onnxscript names every unnamed node and value (NameFixPass) and tags new nodes
-            # with the rule's name: keep the nodes not rewritten as they were, re-read names.
+            # onnxscript names every unnamed node and value (NameFixPass) and gives new nodes
+            # the rule's name and the matched node's metadata: keep the nodes not rewritten
+            # as they were and new nodes bare (as the passes make them), re-read names.
             for node in unnamed:
                 node.name = None
             for graph in self.state.graph_likes():
                 for node in graph:
-                    node.metadata_props.pop(RULE_NAME_TAG, None)
+                    if node in self.state.internal:
+                        node.metadata_props.clear()
             self.state.index()
         return result
 
