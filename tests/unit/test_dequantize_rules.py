@@ -369,3 +369,25 @@ def test_rule_inside_a_model_local_function_makes_constant_nodes():
     onnx.checker.check_model(d)
     x = rng.standard_normal((2, k)).astype(np.float32)
     np.testing.assert_allclose(_run(d, {"x": x}), _run(q, {"x": x}), rtol=1e-5, atol=1e-5)
+
+
+def test_nodes_the_rules_do_not_rewrite_keep_their_names():
+    """onnxscript's rewriter names unnamed nodes and dedups names; the rewrite undoes that."""
+    mk = helper.make_node
+    nodes = [
+        mk("Relu", ["x0"], ["r"]),  # unnamed
+        mk("Neg", ["r"], ["n1"], name="dup"),
+        mk("Neg", ["n1"], ["x1"], name="dup"),
+        mk("QuantizeLinear", ["x1", "xs", "xz"], ["x"], name="q"),
+        mk("QLinearSigmoid", ["x", "xs", "xz", "ys", "yz"], ["yq"], domain=MS, name="sig"),
+    ]
+    out, out_inits = _dq_out("yq", 1 / 256, 0)
+    q = _model([*nodes, out], [("x0", F32, [2])], _x_params() + out_inits)
+    d, report = dequantize_model(q)
+    assert report.counts == {"qlinear_sigmoid_replaced": 1}  # its Q/DQ pairs are its own
+    assert [(n.name, n.op_type) for n in d.graph.node] == [
+        ("", "Relu"),
+        ("dup", "Neg"),
+        ("dup", "Neg"),
+        ("sig", "Sigmoid"),
+    ]

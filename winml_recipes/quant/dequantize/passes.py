@@ -72,14 +72,14 @@ class ExpandFusedOps(RewritePass):
         self.state = state
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        unnamed = [node for graph in self.state.graph_likes() for node in graph if not node.name]
+        names = {node: node.name for graph in self.state.graph_likes() for node in graph}
         result = super().call(model)
         if result.modified:
-            # onnxscript names every unnamed node and value (NameFixPass) and gives new nodes
-            # the rule's name and the matched node's metadata: keep the nodes not rewritten
-            # as they were and new nodes bare (as the passes make them), re-read names.
-            for node in unnamed:
-                node.name = None
+            # onnxscript names every unnamed node and dedups names (NameFixPass) and gives
+            # new nodes the rule's name and the matched node's metadata: keep the nodes not
+            # rewritten as they were and new nodes bare (as the passes make them).
+            for node, name in names.items():
+                node.name = name
             for graph in self.state.graph_likes():
                 for node in graph:
                     if node in self.state.internal:
