@@ -42,11 +42,11 @@ __all__ = ["QUANT_OPS", "DequantizeReport", "Leftover", "dequantize_model", "deq
 
 def dequantize_passes(state: DequantizeState) -> ir.passes.PassManager:
     """The run, in order: expand, fold, collapse, fold again, clean up, report."""
-    rules = fused_op_rules(state)
+    rules = fused_op_rules(state, {(n.domain, n.op_type) for n in state.nodes()})
     fold = FoldWeightDQ(state)  # one instance: equal weights share one constant
     return ir.passes.PassManager(
         [
-            ExpandFusedOps(state, rules),
+            *([ExpandFusedOps(state, rules)] if rules else []),
             IntegerFusions(state),
             fold,
             CollapseQDQ(state),

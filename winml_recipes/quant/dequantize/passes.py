@@ -67,7 +67,7 @@ class _StatePass(ir.passes.InPlacePass):
 class ExpandFusedOps(RewritePass):
     """The fused-op rules (rules.py) through onnxscript's RewritePass."""
 
-    def __init__(self, state: DequantizeState, rules: pattern.RewriteRuleSet) -> None:
+    def __init__(self, state: DequantizeState, rules: list[pattern.RewriteRule]) -> None:
         super().__init__(rules)
         self.state = state
 
@@ -572,7 +572,7 @@ class FindRemaining(_StatePass):
     MatchingTracer records it; `RewriteRule.match` alone only returns None then).
     """
 
-    def __init__(self, state: DequantizeState, rules: pattern.RewriteRuleSet) -> None:
+    def __init__(self, state: DequantizeState, rules: list[pattern.RewriteRule]) -> None:
         super().__init__(state)
         self.rules = rules
 

@@ -483,13 +483,25 @@ RULE_CLASSES = (
     MatMulNBitsRule,
     GatherBlockQuantizedRule,
 )
+# (op type, rule class, extra constructor arguments)
+_RULES: list[tuple[str, type[FusedOpRule], tuple[str, ...]]] = [
+    *((cls.op_type, cls, ()) for cls in RULE_CLASSES),
+    *((op, QLinearBinaryRule, (op,)) for op in QLINEAR_BINARY),
+    *((op, QLinearUnaryRule, (op,)) for op in QLINEAR_UNARY),
+]
 
 
-def fused_op_rules(state: DequantizeState) -> pattern.RewriteRuleSet:
-    """Every fused-op rule, in each domain a quantized op is read from."""
-    rules = []
-    for domain in DOMAINS:
-        rules += [cls.rule(state, domain) for cls in RULE_CLASSES]
-        rules += [QLinearBinaryRule.rule(state, domain, op) for op in QLINEAR_BINARY]
-        rules += [QLinearUnaryRule.rule(state, domain, op) for op in QLINEAR_UNARY]
-    return pattern.RewriteRuleSet(rules)
+def fused_op_rules(
+    state: DequantizeState, present: set[tuple[str, str]] | None = None
+) -> list[pattern.RewriteRule]:
+    """The fused-op rules, in each domain a quantized op is read from.
+
+    With `present` ((domain, op_type) pairs), only the rules for those ops: onnxscript tries
+    every rule on every node, which costs more than the rewrite on a graph without them.
+    """
+    return [
+        cls.rule(state, domain, *args)
+        for domain in DOMAINS
+        for op_type, cls, args in _RULES
+        if present is None or (domain, op_type) in present
+    ]
