@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from winml_recipes.errors import CatalogError
 from winml_recipes.schemas import NAME_PATTERN, catalog_schema
-from winml_recipes.specs import ImagePreprocess, IOContract, TensorSpec
+from winml_recipes.sdk.contract import ImagePreprocess, IOContract, TensorSpec
+from winml_recipes.sdk.errors import CatalogError
 from winml_recipes.yamlfile import load_yaml, validate
 
 CATALOG_ENV = "WINML_RECIPES_CATALOG"

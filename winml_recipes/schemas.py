@@ -63,7 +63,7 @@ def _dims_schema() -> dict[str, Any]:
 
 def recipe_schema() -> dict[str, Any]:
     """The recipe schema with each registered pass's options composed in."""
-    from winml_recipes.engine.registry import all_passes
+    from winml_recipes.sdk.passes import all_passes
 
     passes = all_passes()
     options_defs: dict[str, Any] = {}

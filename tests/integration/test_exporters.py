@@ -12,8 +12,8 @@ import numpy as np
 import onnx
 import pytest
 
-from winml_recipes.errors import SourceError
 from winml_recipes.exporters import FAMILIES, ExportRequest, export_model
+from winml_recipes.sdk.errors import SourceError
 
 pytestmark = pytest.mark.export
 

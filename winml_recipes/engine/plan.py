@@ -6,13 +6,13 @@ import difflib
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from winml_recipes.engine.registry import Pass, describe_support, get_pass
 from winml_recipes.engine.resolve import resolve_source, source_facts
-from winml_recipes.engine.types import ModelFacts, PlanContext, Source
-from winml_recipes.errors import PlanError, WinmlError
-from winml_recipes.presets import Target
 from winml_recipes.recipe import Recipe
-from winml_recipes.specs import IOContract
+from winml_recipes.sdk.contract import IOContract
+from winml_recipes.sdk.errors import PlanError, WinmlError
+from winml_recipes.sdk.passes import Pass, describe_support, get_pass
+from winml_recipes.sdk.target import Target
+from winml_recipes.sdk.types import ModelFacts, PlanContext, Source
 
 
 @dataclass

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from winml_recipes.catalog import CatalogEntry, Component
-from winml_recipes.engine.types import ModelFacts, Source
-from winml_recipes.errors import SourceError
+from winml_recipes.sdk.errors import SourceError
+from winml_recipes.sdk.types import ModelFacts, Source
 from winml_recipes.sources import CatalogName, HfModelId, HubOnnx, LocalHfDir, LocalOnnx, classify
 
 

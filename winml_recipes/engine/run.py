@@ -19,11 +19,11 @@ from winml_recipes.engine.cache import StepCache, cache_key, library_versions
 from winml_recipes.engine.code_digest import code_digest
 from winml_recipes.engine.lock import exclusive
 from winml_recipes.engine.plan import ComponentPlan, Plan, PlannedStep
-from winml_recipes.engine.registry import model_file
-from winml_recipes.engine.types import StepContext, StepResult, UpstreamComponent
-from winml_recipes.errors import InternalError, PassError, WinmlError
 from winml_recipes.schemas import SCHEMA_VERSION
-from winml_recipes.specs import IOContract
+from winml_recipes.sdk.contract import IOContract
+from winml_recipes.sdk.errors import InternalError, PassError, WinmlError
+from winml_recipes.sdk.passes import model_file
+from winml_recipes.sdk.types import StepContext, StepResult, UpstreamComponent
 
 MANIFEST = "manifest.json"
 GRAPH_DIGEST = "graph.yaml"
@@ -212,7 +212,8 @@ def _check_sources_fit(plan: Plan, budget_mb: float) -> None:
     The source stands in for each step's input (later models are its rewrites or smaller
     quantized versions of it), so the estimate errs high, never low.
     """
-    from winml_recipes.engine.budget import EstimateInputs, check_fits
+    from winml_recipes.engine.budget import check_fits
+    from winml_recipes.sdk.estimates import EstimateInputs
 
     on_disk = {
         c.name: (c.source.path, c.contract)
@@ -474,7 +475,7 @@ def _run_step(
 
 
 def _estimate(impl, step: PlannedStep, state: _State, comp: ComponentPlan, plan: Plan, upstream):
-    from winml_recipes.engine.budget import EstimateInputs
+    from winml_recipes.sdk.estimates import EstimateInputs
 
     assert state.model is not None
     inputs = EstimateInputs(

@@ -28,7 +28,7 @@ from typing import Any
 
 import onnx
 
-from winml_recipes.errors import InternalError, SourceError
+from winml_recipes.sdk.errors import InternalError, SourceError
 
 __all__ = ["FAMILIES", "ExportOutput", "ExportRequest", "export_model", "export_with_parity"]
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from winml_recipes.errors import SourceError
+from winml_recipes.sdk.errors import SourceError
 
 if TYPE_CHECKING:
     from winml_recipes.exporters import ExportOutput, ExportRequest

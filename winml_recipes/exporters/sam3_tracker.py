@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from winml_recipes.errors import SourceError
+from winml_recipes.sdk.errors import SourceError
 
 if TYPE_CHECKING:
     from winml_recipes.exporters import ExportOutput, ExportRequest

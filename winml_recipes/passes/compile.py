@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from winml_recipes.engine.registry import Pass, register
-from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
-from winml_recipes.errors import PassError
-from winml_recipes.presets import Target
+from winml_recipes.sdk.errors import PassError
+from winml_recipes.sdk.passes import Pass, register
+from winml_recipes.sdk.target import Target
+from winml_recipes.sdk.types import ModelFacts, StepContext, StepResult
 
 COMPILED = "model_ctx.onnx"
 HTP_ARCHS = [68, 69, 73, 75, 79, 81]

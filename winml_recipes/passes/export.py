@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from winml_recipes import __version__
-from winml_recipes.engine.registry import Pass, model_file, register
-from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
-from winml_recipes.errors import PassError
-from winml_recipes.presets import Target
+from winml_recipes.sdk.errors import PassError
+from winml_recipes.sdk.passes import Pass, model_file, register
+from winml_recipes.sdk.target import Target
+from winml_recipes.sdk.types import ModelFacts, StepContext, StepResult
 
 # onnxruntime must reproduce torch on the (batch-2) trace inputs at least this closely.
 MIN_PARITY_SQNR_DB = 60.0

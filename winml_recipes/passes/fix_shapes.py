@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Any
 
 from winml_recipes.engine.budget import RewritesGraph
-from winml_recipes.engine.registry import Pass, model_file, register
-from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
-from winml_recipes.errors import PassError
-from winml_recipes.presets import Target
+from winml_recipes.sdk.errors import PassError
+from winml_recipes.sdk.passes import Pass, model_file, register
+from winml_recipes.sdk.target import Target
+from winml_recipes.sdk.types import ModelFacts, StepContext, StepResult
 
 
 @register
@@ -85,7 +85,7 @@ def _dims_by_position(model, ctx: StepContext, values: dict[str, int]) -> dict[s
     catalog says what each position of each input is (an int, or a named dim with a value),
     so names need not agree. Two positions giving one model dim different values is an error.
     """
-    from winml_recipes.specs import resolve_shape
+    from winml_recipes.sdk.contract import resolve_shape
 
     out: dict[str, int] = {}
     for vi in model.graph.input:

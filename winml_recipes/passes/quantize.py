@@ -10,13 +10,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from winml_recipes.engine.registry import Pass, check_component, model_file, register
-from winml_recipes.engine.types import ModelFacts, PlanContext, StepContext, StepResult
-from winml_recipes.presets import Target, precisions_of_kind
+from winml_recipes.presets import precisions_of_kind
 from winml_recipes.quant.config import QUANTIZE_OPTIONS_SCHEMA, QuantConfig, resolve
+from winml_recipes.sdk.passes import Pass, check_component, model_file, register
+from winml_recipes.sdk.target import Target
+from winml_recipes.sdk.types import ModelFacts, PlanContext, StepContext, StepResult
 
 if TYPE_CHECKING:
-    from winml_recipes.engine.budget import EstimateInputs, MemoryEstimate
+    from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
 
 MATMUL_CONV = ("MatMul", "Conv", "Gemm", "ConvTranspose")
 # Automatic mixed precision scores candidates on samples calibration never saw.
@@ -71,11 +72,11 @@ class QuantizePass(Pass):
     ) -> MemoryEstimate | None:
         from winml_recipes.engine.budget import (
             RUNTIME_MB,
-            MemoryEstimate,
             forward_estimate,
             larger,
             rewrite_estimate,
         )
+        from winml_recipes.sdk.estimates import MemoryEstimate
 
         cfg = resolve(options, inputs.target)
         insertion = rewrite_estimate(src, "QDQ insertion", INSERTION_WEIGHT_FACTOR)
@@ -332,7 +333,7 @@ def _upgrade_opset(model, cfg: QuantConfig):
     import onnx
     from onnx import version_converter
 
-    from winml_recipes.errors import PassError
+    from winml_recipes.sdk.errors import PassError
 
     current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     needed = _required_opset(cfg)

@@ -6,13 +6,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from winml_recipes.engine.registry import Pass, check_component, register
-from winml_recipes.engine.types import ModelFacts, PlanContext, StepContext, StepResult
-from winml_recipes.errors import PassError, QualityGateError
-from winml_recipes.presets import Target
+from winml_recipes.sdk.errors import PassError, QualityGateError
+from winml_recipes.sdk.passes import Pass, check_component, register
+from winml_recipes.sdk.target import Target
+from winml_recipes.sdk.types import ModelFacts, PlanContext, StepContext, StepResult
 
 if TYPE_CHECKING:
-    from winml_recipes.engine.budget import EstimateInputs, MemoryEstimate
+    from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
 
 _THRESHOLDS = {
     "min_sqnr_db": {"type": "number", "description": "Minimum SQNR in dB."},
@@ -128,7 +128,7 @@ class VerifyPass(Pass):
     def check(self, options: dict[str, Any], ctx: PlanContext) -> None:
         import difflib
 
-        from winml_recipes.errors import PlanError
+        from winml_recipes.sdk.errors import PlanError
 
         known = [s.name for s in ctx.contract.outputs]
         for name in options.get("outputs", {}):

@@ -37,9 +37,9 @@ from onnxruntime.quantization.calibrate import (
     save_tensors_data,
 )
 
-from winml_recipes.errors import PassError
 from winml_recipes.onnx.io import load_model, save_model, sidecar_paths
 from winml_recipes.runtime.sessions import calibration_session
+from winml_recipes.sdk.errors import PassError
 
 METHODS = ("minmax", "entropy", "percentile", "distribution")
 # Element types ORT calibrates (MinMaxCalibrater.select_tensors_to_calibrate).

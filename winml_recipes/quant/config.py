@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from winml_recipes.errors import PlanError
-from winml_recipes.presets import Target, device_settings, precision_settings
+from winml_recipes.presets import device_settings, precision_settings
+from winml_recipes.sdk.errors import PlanError
+from winml_recipes.sdk.target import Target
 
 QUANT_TYPES = ["uint8", "int8", "uint16", "int16"]
 CALIBRATION_METHODS = ["minmax", "entropy", "percentile", "distribution"]

@@ -37,7 +37,6 @@ import onnx
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, RemoveUnusedOpsetsPass
 
-from winml_recipes.errors import PassError
 from winml_recipes.onnx.quant import (
     DYNAMIC_OPS,
     QDQ_OPS,
@@ -45,6 +44,7 @@ from winml_recipes.onnx.quant import (
     QUANT_DOMAINS,
     WEIGHT_ONLY_OPS,
 )
+from winml_recipes.sdk.errors import PassError
 
 DT = ir.DataType
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from winml_recipes.presets import Target
-from winml_recipes.specs import IOContract
+from winml_recipes.sdk.contract import IOContract
+from winml_recipes.sdk.target import Target
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar
 
-from winml_recipes.engine.budget import EstimateInputs, MemoryEstimate
-from winml_recipes.engine.types import ModelFacts, PlanContext, StepContext, StepResult
-from winml_recipes.errors import PlanError, check_known
-from winml_recipes.presets import Target
+from winml_recipes.sdk.errors import PlanError, check_known
+from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
+from winml_recipes.sdk.target import Target
+from winml_recipes.sdk.types import ModelFacts, PlanContext, StepContext, StepResult
 
 ENTRY_POINT_GROUP = "winml_recipes.passes"
 ANY = frozenset({"*"})
