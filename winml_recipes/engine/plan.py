@@ -20,7 +20,8 @@ class PlannedStep:
     index: int
     name: str
     impl: Pass
-    options: dict[str, Any]
+    options: dict[str, Any]  # as the recipe gives them, with the defaults filled in
+    config: Any  # the pass's typed config built from them (what the pass receives)
     skip: str | None
     facts_in: ModelFacts
     line: int = 0
@@ -38,7 +39,7 @@ class ComponentPlan:
     def depends_on(self) -> tuple[str, ...]:
         out: list[str] = []
         for s in self.steps:
-            out += [d for d in s.impl.depends_on(s.options) if d not in out]
+            out += [d for d in s.impl.depends_on(s.config) if d not in out]
         return tuple(out)
 
 
@@ -56,7 +57,7 @@ class Plan:
             for c in self.components
             for s in c.steps
             if not s.skip
-            for dep in s.impl.depends_on(s.options)
+            for dep in s.impl.depends_on(s.config)
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -126,7 +127,8 @@ def _plan_component(
                     f"{target.precision} (devices: {devs}; precisions: {precs})"
                 )
             options = with_defaults(impl, step.options)
-            impl.check(options, pctx)
+            config = impl.make_config(options)
+            impl.check(config, pctx)
             # Declared constraints, the same for every pass (the planner names none).
             if impl.once_per_component and step.name in seen:
                 raise PlanError(f"{cname}: two {step.name} steps; keep one (once per component)")
@@ -138,10 +140,10 @@ def _plan_component(
                 )
         except WinmlError as exc:
             raise PlanError(exc.message, where=exc.where or where) from None
-        skip = impl.skip_reason(facts, options, target)
-        plan.steps.append(PlannedStep(i, step.name, impl, options, skip, facts, step.line))
+        skip = impl.skip_reason(facts, config, target)
+        plan.steps.append(PlannedStep(i, step.name, impl, options, config, skip, facts, step.line))
         if skip is None:
-            facts = impl.facts_after(facts, options)
+            facts = impl.facts_after(facts, config)
     mismatch = _precision_mismatch(facts, target)
     if mismatch:
         raise PlanError(f"{cname}: {mismatch}", where=str(recipe.path))

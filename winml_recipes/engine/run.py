@@ -227,14 +227,14 @@ def _check_sources_fit(plan: Plan, budget_mb: float) -> None:
         for step in comp.steps:
             if step.skip:
                 continue
-            deps = step.impl.depends_on(step.options)
+            deps = step.impl.depends_on(step.config)
             inputs = EstimateInputs(
                 plan.target,
                 comp.contract,
                 path if comp.facts.has_reference else None,
                 {d: on_disk[d] for d in deps if d in on_disk},
             )
-            estimate = step.impl.estimate_memory(path, dict(step.options), inputs)
+            estimate = step.impl.estimate_memory(path, step.config, inputs)
             if estimate is not None:
                 check_fits(estimate, budget_mb, step_where(plan, comp, step))
 
@@ -260,7 +260,7 @@ def _build_component(
     records = []
     for step in comp.steps:
         reporter.step_started(comp.name, step)
-        if not step.skip and step.impl.calibration_of(step.options) is not None:
+        if not step.skip and step.impl.calibration_of(step.config) is not None:
             assert state.model is not None
             state.calibrated = (state.model, state.digest)
         record = _run_step(comp, step, plan, staging, cache, state, built, budget_mb, reporter)
@@ -294,7 +294,7 @@ def _build_component(
     upstream = None
     if state.reference is not None and state.reference_digest is not None:
         calibration = next(
-            (c for s in comp.steps if (c := s.impl.calibration_of(s.options)) is not None), None
+            (c for s in comp.steps if (c := s.impl.calibration_of(s.config)) is not None), None
         )
         upstream = UpstreamComponent(
             comp.name,
@@ -338,7 +338,7 @@ def _run_step(
         return record | {"status": "skipped", "reason": step.skip}
     started = time.perf_counter()
     upstream = {}
-    for dep in impl.depends_on(step.options):
+    for dep in impl.depends_on(step.config):
         if built.get(dep) is None:
             raise PassError(
                 f"'{dep}' has no float model to run (its source is quantized; "
@@ -387,7 +387,7 @@ def _run_step(
             }
             for n, u in upstream.items()
         },
-        extra=impl.key_material(step.options, ctx),
+        extra=impl.key_material(step.config, ctx),
         seed=plan.recipe.seed,
     )
     record["cache_key"] = key
@@ -411,7 +411,7 @@ def _run_step(
         out.mkdir(parents=True)
         (work / "scratch").mkdir()
         try:
-            result = impl.run(state.model, out, dict(step.options), ctx)
+            result = impl.run(state.model, out, step.config, ctx)
         except WinmlError as exc:
             # Paths inside the cache or the staging area mean nothing to the user.
             if not exc.where or str(cache.root) in exc.where or str(staging) in exc.where:
@@ -484,7 +484,7 @@ def _estimate(impl, step: PlannedStep, state: _State, comp: ComponentPlan, plan:
         state.reference,
         {n: (u.for_calibration()[0], u.contract) for n, u in upstream.items()},
     )
-    return impl.estimate_memory(state.model, dict(step.options), inputs)
+    return impl.estimate_memory(state.model, step.config, inputs)
 
 
 def _contract_key(comp: ComponentPlan | IOContract) -> Any:

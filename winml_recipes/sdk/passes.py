@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from abc import ABC, abstractmethod
 from importlib import metadata
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar, get_args, get_origin
 
+from winml_recipes.sdk.config import build_config, config_schema
 from winml_recipes.sdk.errors import PlanError, check_known
 from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
 from winml_recipes.sdk.target import Target
@@ -16,13 +18,22 @@ from winml_recipes.sdk.types import ModelFacts, PlanContext, StepContext, StepRe
 ENTRY_POINT_GROUP = "winml_recipes.passes"
 ANY = frozenset({"*"})
 
+ConfigT = TypeVar("ConfigT")
 
-class Pass(ABC):
-    """A build step: one options schema plus one run method."""
+
+class Pass(ABC, Generic[ConfigT]):
+    """A build step: one typed config plus one run method.
+
+    `class MyPass(Pass[MyConfig])` with a frozen dataclass `MyConfig` (see sdk.config):
+    the options schema is generated from it, and every method receives a `MyConfig`. A pass
+    that declares no config class states `options_schema` by hand and receives the options
+    as a dict.
+    """
 
     name: ClassVar[str]
     version: ClassVar[int] = 1
     summary: ClassVar[str] = ""
+    config_type: ClassVar[type | None] = None  # set from Pass[Config]
     options_schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
     devices: ClassVar[frozenset[str]] = ANY
     precisions: ClassVar[frozenset[str]] = ANY
@@ -40,33 +51,49 @@ class Pass(ABC):
     once_per_component: ClassVar[bool] = False
     needs_float_input: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in getattr(cls, "__orig_bases__", ()):
+            origin, args = get_origin(base), get_args(base)
+            if not (isinstance(origin, type) and issubclass(origin, Pass) and args):
+                continue
+            if dataclasses.is_dataclass(args[0]) and isinstance(args[0], type):
+                cls.config_type = args[0]
+                cls.options_schema = config_schema(args[0])
+
+    def make_config(self, options: dict[str, Any]) -> ConfigT:
+        """The config object for options the schema accepted (a dict without a config class)."""
+        if self.config_type is None:
+            return dict(options)  # type: ignore[return-value]
+        return build_config(self.config_type, options, self.name)
+
     def supports(self, target: Target) -> bool:
         return (self.devices == ANY or target.device in self.devices) and (
             self.precisions == ANY or target.precision in self.precisions
         )
 
-    def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
+    def skip_reason(self, facts: ModelFacts, config: ConfigT, target: Target) -> str | None:
         """Why this step does nothing for a model with these facts (None: it runs)."""
         return None
 
-    def check(self, options: dict[str, Any], ctx: PlanContext) -> None:
+    def check(self, config: ConfigT, ctx: PlanContext) -> None:
         """Refuse contradictory options at plan time (raise PlanError saying what to change)."""
         return None
 
-    def depends_on(self, options: dict[str, Any]) -> tuple[str, ...]:
+    def depends_on(self, config: ConfigT) -> tuple[str, ...]:
         """Components whose float model this step reads (they are built first)."""
         return ()
 
-    def calibration_of(self, options: dict[str, Any]) -> dict[str, Any] | None:
+    def calibration_of(self, config: ConfigT) -> dict[str, Any] | None:
         """The calibration inputs this step uses, for steps of other components to reuse."""
         return None
 
-    def key_material(self, options: dict[str, Any], ctx: StepContext) -> Any:
+    def key_material(self, config: ConfigT, ctx: StepContext) -> Any:
         """Extra cache-key material (e.g. digests of data files the options point to)."""
         return None
 
     def estimate_memory(
-        self, src: Path, options: dict[str, Any], inputs: EstimateInputs
+        self, src: Path, config: ConfigT, inputs: EstimateInputs
     ) -> MemoryEstimate | None:
         """Expected peak memory of this step on input `src` (None: no estimate).
 
@@ -75,14 +102,12 @@ class Pass(ABC):
         """
         return None
 
-    def facts_after(self, facts: ModelFacts, options: dict[str, Any]) -> ModelFacts:
+    def facts_after(self, facts: ModelFacts, config: ConfigT) -> ModelFacts:
         """The facts of this step's output, predicted at plan time."""
         return facts
 
     @abstractmethod
-    def run(
-        self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
-    ) -> StepResult:
+    def run(self, src: Path | None, out_dir: Path, config: ConfigT, ctx: StepContext) -> StepResult:
         """Read `src` (None only for steps that create the model), write into `out_dir`."""
 
 
