@@ -207,3 +207,55 @@ def _int8(recipe: Path) -> Path:
     )
     recipe.write_text(text)
     return recipe
+
+
+# ------------------------------------------------------------ declared capabilities
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    npz: str | None = None
+    samples: int = 8
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    data: DataOptions | None = None
+
+
+class MeasurePass(Pass[MeasureConfig]):
+    name = "test_measure"
+    sample_inputs = "data"
+    makes = frozenset({"float"})
+
+    def run(self, src, out_dir, config, ctx) -> StepResult:
+        return StepResult(None)
+
+
+def test_sample_inputs_are_read_from_the_declared_field() -> None:
+    from winml_recipes.sdk.passes import sample_inputs_of
+
+    measure = MeasurePass()
+    given = MeasureConfig(DataOptions(npz="x/*.npz"))
+    assert sample_inputs_of(measure, given) == {"npz": "x/*.npz", "samples": 8}
+    assert sample_inputs_of(measure, MeasureConfig()) == {}  # runs on seeded inputs
+    assert sample_inputs_of(StampPass(), StampConfig()) is None  # declares none
+    quantize = registry.get_pass("quantize")
+    options = {"calibration": {"npz": "a.npz"}}
+    assert sample_inputs_of(quantize, quantize.make_config(options)) == {
+        "method": "minmax",
+        "samples": 16,
+        "seed": 0,
+        "npz": "a.npz",
+        "samples_per_upstream": 1,
+    }
+
+
+def test_hints_name_the_pass_that_declares_what_is_missing(monkeypatch) -> None:
+    from winml_recipes.sdk.passes import pass_making
+
+    assert pass_making("float") == "dequantize"
+    assert pass_making("onnx") == "export"
+    monkeypatch.delitem(registry._REGISTRY, "dequantize")
+    monkeypatch.setitem(registry._REGISTRY, MeasurePass.name, MeasurePass)
+    assert pass_making("float") == "test_measure"

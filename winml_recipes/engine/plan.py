@@ -10,9 +10,13 @@ from winml_recipes.engine.resolve import resolve_source, source_facts
 from winml_recipes.recipe import Recipe
 from winml_recipes.sdk.contract import IOContract
 from winml_recipes.sdk.errors import PlanError, WinmlError
-from winml_recipes.sdk.passes import Pass, describe_support, get_pass
+from winml_recipes.sdk.passes import Pass, describe_support, get_pass, pass_making
 from winml_recipes.sdk.target import Target
 from winml_recipes.sdk.types import ModelFacts, PlanContext, Source
+
+# The standalone command (cli.py) that rewrites a quantized file into float; a command, not
+# a pass: the passes a hint names come from what they declare (`Pass.makes`).
+DEQUANTIZE_COMMAND = "winml-recipes dequantize"
 
 
 @dataclass
@@ -136,7 +140,7 @@ def _plan_component(
             if impl.needs_float_input and facts.quantized and not step.from_presets:
                 raise PlanError(
                     f"{cname}: {step.name} on an already-quantized model "
-                    f"({facts.quant_summary}); add a dequantize step before it"
+                    f"({facts.quant_summary}); add a {pass_making('float')} step before it"
                 )
         except WinmlError as exc:
             raise PlanError(exc.message, where=exc.where or where) from None
@@ -150,7 +154,7 @@ def _plan_component(
     if not facts.is_onnx:
         raise PlanError(
             f"{cname}: source {source.ref} is not ONNX and no step exports it; "
-            "add 'export' as the first step",
+            f"add '{pass_making('onnx')}' as the first step",
             where=str(recipe.path),
         )
     return plan
@@ -184,8 +188,9 @@ def _precision_mismatch(facts: ModelFacts, target) -> str | None:
     other = f", or build the precision it has (--precision {matching[0]})" if matching else ""
     return (
         f"the output would stay as quantized as the source ({have}), but target "
-        f"{target.device}/{target.precision} asks for {asks}; add a dequantize step before "
-        f"quantize to requantize it (or run `winml-recipes dequantize` on the file first){other}"
+        f"{target.device}/{target.precision} asks for {asks}; add a {pass_making('float')} step "
+        f"before {pass_making('integer')} to requantize it (or run `{DEQUANTIZE_COMMAND}` on "
+        f"the file first){other}"
     )
 
 

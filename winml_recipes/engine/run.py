@@ -22,7 +22,7 @@ from winml_recipes.engine.plan import ComponentPlan, Plan, PlannedStep
 from winml_recipes.schemas import SCHEMA_VERSION
 from winml_recipes.sdk.contract import IOContract
 from winml_recipes.sdk.errors import InternalError, PassError, WinmlError
-from winml_recipes.sdk.passes import model_file
+from winml_recipes.sdk.passes import model_file, pass_making, sample_inputs_of
 from winml_recipes.sdk.types import StepContext, StepResult, UpstreamComponent
 
 MANIFEST = "manifest.json"
@@ -260,7 +260,7 @@ def _build_component(
     records = []
     for step in comp.steps:
         reporter.step_started(comp.name, step)
-        if not step.skip and step.impl.calibration_of(step.config) is not None:
+        if not step.skip and sample_inputs_of(step.impl, step.config) is not None:
             assert state.model is not None
             state.calibrated = (state.model, state.digest)
         record = _run_step(comp, step, plan, staging, cache, state, built, budget_mb, reporter)
@@ -294,7 +294,8 @@ def _build_component(
     upstream = None
     if state.reference is not None and state.reference_digest is not None:
         calibration = next(
-            (c for s in comp.steps if (c := s.impl.calibration_of(s.config)) is not None), None
+            (c for s in comp.steps if (c := sample_inputs_of(s.impl, s.config)) is not None),
+            None,
         )
         upstream = UpstreamComponent(
             comp.name,
@@ -342,7 +343,7 @@ def _run_step(
         if built.get(dep) is None:
             raise PassError(
                 f"'{dep}' has no float model to run (its source is quantized; "
-                "add dequantize to its steps)",
+                f"add {pass_making('float')} to its steps)",
                 where=step_where(plan, comp, step),
             )
         upstream[dep] = built[dep]

@@ -29,6 +29,7 @@ class DequantizePass(RewritesGraph, Pass[DequantizeConfig]):
     target_dependent = False
     # The dequantized model is the best float reference a quantized source has.
     produces_reference = True
+    makes = frozenset({"float"})
 
     def skip_reason(
         self, facts: ModelFacts, config: DequantizeConfig, target: Target

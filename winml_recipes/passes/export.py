@@ -31,6 +31,7 @@ class ExportPass(Pass[ExportConfig]):
     summary = "Export a Hugging Face model (id, local dir or random-weight config) to ONNX."
     target_dependent = False
     produces_reference = True
+    makes = frozenset({"onnx"})
 
     def skip_reason(self, facts: ModelFacts, config: ExportConfig, target: Target) -> str | None:
         return "source is already ONNX" if facts.is_onnx else None

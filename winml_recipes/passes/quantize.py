@@ -34,6 +34,8 @@ class QuantizePass(Pass[QuantizeOptions]):
     uses_contract = True
     once_per_component = True  # one component is quantized once
     needs_float_input = True
+    makes = frozenset({"integer"})
+    sample_inputs = "calibration"  # an inputs_from component calibrates as this one did
 
     def check(self, config: QuantizeOptions, ctx: PlanContext) -> None:
         cfg = resolve(config, ctx.target)
@@ -52,9 +54,6 @@ class QuantizePass(Pass[QuantizeOptions]):
     def depends_on(self, config: QuantizeOptions) -> tuple[str, ...]:
         cal = config.calibration
         return (cal.inputs_from,) if cal is not None and cal.inputs_from else ()
-
-    def calibration_of(self, config: QuantizeOptions) -> dict[str, Any] | None:
-        return calibration_options(config) or {}
 
     def key_material(self, config: QuantizeOptions, ctx: StepContext) -> Any:
         from winml_recipes.feeds import upstream_data_digest

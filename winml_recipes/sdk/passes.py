@@ -50,6 +50,14 @@ class Pass(ABC, Generic[ConfigT]):
     # component; a recipe step on a quantized input is an error (preset steps skip instead).
     once_per_component: ClassVar[bool] = False
     needs_float_input: ClassVar[bool] = False
+    # What the pass makes of a model, for the planner's hints ("add an X step"): "onnx" (the
+    # model, from a source that is not ONNX yet), "float" (a float model from a quantized
+    # one), "integer" (a quantized model from a float one).
+    makes: ClassVar[frozenset[str]] = frozenset()
+    # The config field holding the data options (npz, images, inputs_from, ...) on which
+    # the step runs the component's model, e.g. to calibrate. A component whose steps read
+    # this one (depends_on) draws its inputs the same way, from the model this step ran.
+    sample_inputs: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -83,10 +91,6 @@ class Pass(ABC, Generic[ConfigT]):
     def depends_on(self, config: ConfigT) -> tuple[str, ...]:
         """Components whose float model this step reads (they are built first)."""
         return ()
-
-    def calibration_of(self, config: ConfigT) -> dict[str, Any] | None:
-        """The calibration inputs this step uses, for steps of other components to reuse."""
-        return None
 
     def key_material(self, config: ConfigT, ctx: StepContext) -> Any:
         """Extra cache-key material (e.g. digests of data files the options point to)."""
@@ -151,6 +155,32 @@ def get_pass(name: str) -> Pass:
     passes = all_passes()
     check_known(name, list(passes), "pass")
     return passes[name]()
+
+
+def sample_inputs_of(impl: Pass, config: Any) -> dict[str, Any] | None:
+    """The data options a step runs its component's model on (None: it runs it on none).
+
+    Read from the config field the pass names in `sample_inputs`; the options it leaves
+    unset are left out ({} when none is set: seeded inputs from the I/O contract).
+    """
+    if impl.sample_inputs is None:
+        return None
+    value = (
+        config.get(impl.sample_inputs)
+        if isinstance(config, dict)
+        else getattr(config, impl.sample_inputs)
+    )
+    if value is None:
+        return {}
+    if dataclasses.is_dataclass(value):
+        value = vars(value)
+    return {k: v for k, v in dict(value).items() if v is not None}
+
+
+def pass_making(what: str) -> str:
+    """The name of a registered pass that makes `what` (see `Pass.makes`), for hints."""
+    names = [name for name, cls in all_passes().items() if what in cls.makes]
+    return names[0] if names else f"<a pass making {what}>"
 
 
 def check_component(name: str, ctx: PlanContext, option: str) -> None:
