@@ -191,6 +191,12 @@ def _tensor_schema(output: bool) -> dict[str, Any]:
     }
 
 
+def _exporter_families() -> list[str]:
+    from winml_recipes.exporters import families
+
+    return list(families())
+
+
 def catalog_schema() -> dict[str, Any]:
     source = {
         "type": "object",
@@ -260,7 +266,7 @@ def catalog_schema() -> dict[str, Any]:
             "description": {"type": "string"},
             "homepage": {"type": "string"},
             "family": {
-                "enum": ["sam3_tracker", "auto"],
+                "enum": _exporter_families(),
                 "description": "Exporter family for sources that are not ONNX yet.",
             },
             "components": {

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from winml_recipes.exporters import ExporterFamily
 from winml_recipes.sdk.errors import SourceError
 
 if TYPE_CHECKING:
@@ -260,3 +261,6 @@ def catalog_components(config: Any) -> dict[str, dict[str, Any]]:
             },
         },
     }
+
+
+FAMILY = ExporterFamily("sam3_tracker", COMPONENTS, export)

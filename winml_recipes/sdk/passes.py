@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from abc import ABC, abstractmethod
-from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar, get_args, get_origin
 
 from winml_recipes.sdk.config import build_config, config_schema
 from winml_recipes.sdk.errors import PlanError, check_known
 from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
+from winml_recipes.sdk.plugins import load_entry_points
 from winml_recipes.sdk.target import Target
 from winml_recipes.sdk.types import ModelFacts, PlanContext, StepContext, StepResult
 
@@ -134,10 +134,10 @@ def _load() -> None:
     if _loaded:
         return
     _loaded = True
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        cls = ep.load()
-        if not (isinstance(cls, type) and issubclass(cls, Pass)):
-            raise PlanError(f"entry point '{ep.name}' in {ENTRY_POINT_GROUP} is not a Pass")
+    found = load_entry_points(
+        ENTRY_POINT_GROUP, lambda cls: isinstance(cls, type) and issubclass(cls, Pass), "a Pass"
+    )
+    for cls in found.values():
         register(cls)
     if not _REGISTRY:
         raise PlanError(
