@@ -8,7 +8,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,17 +47,28 @@ class BuildResult:
     models: dict[str, Path] = field(default_factory=dict)
 
 
-@dataclass
-class _State:
-    """Where a component's chain stands while its steps run."""
+@dataclass(frozen=True)
+class ChainState:
+    """Where a component's chain stands between two steps: each step gets one and returns
+    the next (nothing is changed in place, so a step's record and its input agree)."""
 
     model: Path | None
     digest: str
     reference: Path | None
     reference_digest: str | None
-    artifacts: list[Path] = field(default_factory=list)  # shipped beside the model
+    artifacts: tuple[Path, ...] = ()  # shipped beside the model
     ship_model: bool = True
-    calibrated: tuple[Path, str] | None = None  # the float model a calibration ran
+    # The model a sample-input step (Pass.sample_inputs, e.g. calibration) ran, and its digest.
+    calibrated: tuple[Path, str] | None = None
+
+    def after(self, model: Path | None, digest: str | None, produces_reference: bool) -> ChainState:
+        """The state after a step that wrote `model` (None: it wrote none, nothing changes)."""
+        if model is None or digest is None:
+            return self
+        state = replace(self, model=model, digest=digest, artifacts=(), ship_model=True)
+        if produces_reference:
+            state = replace(state, reference=model, reference_digest=digest)
+        return state
 
 
 def output_dir_for(plan: Plan, root: Path) -> Path:
@@ -251,7 +262,7 @@ def _build_component(
     from winml_recipes.onnx.io import artifact_sha256
 
     src = comp.source
-    state = _State(
+    state = ChainState(
         model=src.path,
         digest=src.digest,
         reference=src.path if comp.facts.has_reference else None,
@@ -262,8 +273,10 @@ def _build_component(
         reporter.step_started(comp.name, step)
         if not step.skip and sample_inputs_of(step.impl, step.config) is not None:
             assert state.model is not None
-            state.calibrated = (state.model, state.digest)
-        record = _run_step(comp, step, plan, staging, cache, state, built, budget_mb, reporter)
+            state = replace(state, calibrated=(state.model, state.digest))
+        record, state = _run_step(
+            comp, step, plan, staging, cache, state, built, budget_mb, reporter
+        )
         records.append(record)
         reporter.step_finished(comp.name, step, record)
     if state.model is None:
@@ -321,11 +334,12 @@ def _run_step(
     plan: Plan,
     staging: Path,
     cache: StepCache,
-    state: _State,
+    state: ChainState,
     built: dict[str, UpstreamComponent | None],
     budget_mb: float,
     reporter: Reporter | None = None,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], ChainState]:
+    """Run (or fetch from the cache) one step: its manifest record and the next state."""
     from winml_recipes.onnx.io import artifact_sha256
 
     impl = step.impl
@@ -336,7 +350,7 @@ def _run_step(
         "options": step.options,
     }
     if step.skip:
-        return record | {"status": "skipped", "reason": step.skip}
+        return record | {"status": "skipped", "reason": step.skip}, state
     started = time.perf_counter()
     upstream = {}
     for dep in impl.depends_on(step.config):
@@ -462,20 +476,18 @@ def _run_step(
         "output_sha256": out_digest,
         "metrics": metrics,
     }
-    if out_model is not None:
-        state.model, state.digest = out_model, out_digest
-        state.artifacts, state.ship_model = [], True
-        if impl.produces_reference:
-            state.reference, state.reference_digest = out_model, out_digest
+    after = state.after(out_model, out_digest, impl.produces_reference)
     if artifacts:
         record["artifacts"] = [
             {"name": p.name, "size_bytes": p.stat().st_size, "sha256": _sha(p)} for p in artifacts
         ]
-        state.artifacts, state.ship_model = artifacts, ship_model
-    return record
+        after = replace(after, artifacts=tuple(artifacts), ship_model=ship_model)
+    return record, after
 
 
-def _estimate(impl, step: PlannedStep, state: _State, comp: ComponentPlan, plan: Plan, upstream):
+def _estimate(
+    impl, step: PlannedStep, state: ChainState, comp: ComponentPlan, plan: Plan, upstream
+):
     from winml_recipes.sdk.estimates import EstimateInputs
 
     assert state.model is not None
