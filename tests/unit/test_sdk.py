@@ -259,3 +259,12 @@ def test_hints_name_the_pass_that_declares_what_is_missing(monkeypatch) -> None:
     monkeypatch.delitem(registry._REGISTRY, "dequantize")
     monkeypatch.setitem(registry._REGISTRY, MeasurePass.name, MeasurePass)
     assert pass_making("float") == "test_measure"
+
+
+def test_a_subclass_of_a_configured_pass_keeps_its_config_and_schema() -> None:
+    class LouderStamp(StampPass):
+        name = "test_louder_stamp"
+
+    assert LouderStamp.config_type is StampConfig
+    assert LouderStamp.options_schema == config_schema(StampConfig)
+    assert LouderStamp().make_config({"copies": 3}) == StampConfig(copies=3)

@@ -2,10 +2,12 @@
 
 It sits at the bottom of the import graph and imports nothing else from winml_recipes
 (tests/unit/test_architecture.py checks it): the target, the I/O contract, model facts,
-step contexts and results, memory estimates, the errors, and the `Pass` base class with
-its declared constraints and the entry-point discovery.
+step contexts and results, memory estimates, the errors, typed pass configs (`option`,
+`config_schema`), and the `Pass` base class with its declared constraints and capabilities
+and the entry-point discovery.
 """
 
+from winml_recipes.sdk.config import Schema, build_config, config_schema, option
 from winml_recipes.sdk.contract import ImagePreprocess, IOContract, TensorSpec, resolve_shape
 from winml_recipes.sdk.errors import (
     PassError,
@@ -43,6 +45,7 @@ __all__ = [
     "PlanContext",
     "PlanError",
     "QualityGateError",
+    "Schema",
     "Source",
     "StepContext",
     "StepResult",
@@ -51,9 +54,12 @@ __all__ = [
     "UpstreamComponent",
     "WinmlError",
     "all_passes",
+    "build_config",
     "check_component",
+    "config_schema",
     "get_pass",
     "model_file",
+    "option",
     "register",
     "resolve_shape",
 ]

@@ -61,7 +61,8 @@ class Pass(ABC, Generic[ConfigT]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        for base in getattr(cls, "__orig_bases__", ()):
+        # Only the class's own bases: a subclass of a configured pass keeps what it inherits.
+        for base in cls.__dict__.get("__orig_bases__", ()):
             origin, args = get_origin(base), get_args(base)
             if not (isinstance(origin, type) and issubclass(origin, Pass) and args):
                 continue
