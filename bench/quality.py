@@ -66,10 +66,10 @@ def _recipe(directory: Path, precision: str, options: str) -> Path:
 
 def held_out_sqnr(float_models: dict[str, Path], decoder: Path) -> dict[str, float]:
     from winml_recipes.catalog import load_entry
-    from winml_recipes.engine.types import UpstreamComponent
     from winml_recipes.feeds import feeds_for, take
     from winml_recipes.onnx.metrics import compare_runs
     from winml_recipes.runtime.sessions import run_model
+    from winml_recipes.sdk.types import UpstreamComponent
 
     entry = load_entry("sam3-tiny")
     enc = entry.components["vision_encoder"].contract

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from winml_recipes.errors import RecipeError
-from winml_recipes.specs import TensorSpec
+from winml_recipes.sdk.contract import TensorSpec
+from winml_recipes.sdk.errors import RecipeError
 
 
 def parse_shapes(items: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...]]:
@@ -389,8 +389,8 @@ def _preprocessor(model_ref, config_dir: Path) -> dict | None:
 
     path = config_dir / "preprocessor_config.json"
     if not isinstance(model_ref, LocalHfDir):
-        from winml_recipes.errors import SourceError
         from winml_recipes.hub import download_file
+        from winml_recipes.sdk.errors import SourceError
 
         try:
             path, _ = download_file(

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from winml_recipes.data import CATALOG, builtin_dir
-from winml_recipes.errors import CatalogError
 from winml_recipes.schemas import NAME_PATTERN, catalog_schema
-from winml_recipes.specs import ImagePreprocess, IOContract, TensorSpec
+from winml_recipes.sdk.contract import ImagePreprocess, IOContract, TensorSpec
+from winml_recipes.sdk.errors import CatalogError
 from winml_recipes.yamlfile import load_yaml, validate
 
 CATALOG_ENV = "WINML_RECIPES_CATALOG"

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from winml_recipes.errors import WinmlError
+from winml_recipes.sdk.errors import WinmlError
 
 EXIT_USER = 2
 EXIT_INTERNAL = 1
@@ -218,7 +218,7 @@ def build(
     Or build any local ONNX file from the presets: build --onnx model.onnx --device npu.
     """
     from winml_recipes import api
-    from winml_recipes.errors import RecipeError
+    from winml_recipes.sdk.errors import RecipeError
 
     if onnx_file is not None:
         from winml_recipes.authoring import parse_shapes
@@ -343,7 +343,7 @@ def _where_verified(metrics: dict[str, Any]) -> str:
 def passes(as_json) -> None:
     """List the registered passes (devices, precisions) and the execution providers this
     machine can load (QNN HTP for npu: `pip install onnxruntime-qnn`)."""
-    from winml_recipes.engine.registry import all_passes, describe_support
+    from winml_recipes.sdk.passes import all_passes, describe_support
 
     rows = []
     for name, cls in all_passes().items():
@@ -577,7 +577,7 @@ def compare(
 
 
 def _pairs(items: tuple[str, ...], option: str) -> dict[str, str]:
-    from winml_recipes.errors import RecipeError
+    from winml_recipes.sdk.errors import RecipeError
 
     out = {}
     for item in items:
@@ -589,7 +589,7 @@ def _pairs(items: tuple[str, ...], option: str) -> dict[str, str]:
 
 
 def _numbers(text: str, sep: str, name: str, count: int | None = None) -> tuple[float, ...]:
-    from winml_recipes.errors import RecipeError
+    from winml_recipes.sdk.errors import RecipeError
 
     try:
         numbers = tuple(float(x) for x in text.split(sep))
@@ -619,10 +619,10 @@ def dequantize(model, output, check, as_json) -> None:
 
     MODEL is a local path or a Hub ONNX file (org/repo/path.onnx).
     """
-    from winml_recipes.errors import RecipeError
     from winml_recipes.hub import local_model_file
     from winml_recipes.onnx.io import load_model, save_model
     from winml_recipes.quant.dequantize import dequantize_model
+    from winml_recipes.sdk.errors import RecipeError
 
     shown, model = model, local_model_file(model)
 

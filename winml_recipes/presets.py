@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
 
 import yaml
 
-from winml_recipes.errors import PlanError, check_known
-
-
-@dataclass(frozen=True, order=True)
-class Target:
-    device: str
-    precision: str
-
-    def __str__(self) -> str:
-        return f"{self.device}-{self.precision}"
+from winml_recipes.sdk.errors import PlanError, check_known
+from winml_recipes.sdk.target import Target
 
 
 @cache

@@ -17,9 +17,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from winml_recipes.catalog import CatalogEntry, default_catalog_dir, load_entry
 from winml_recipes.data import PARTIALS, builtin_dir
-from winml_recipes.errors import CatalogError, RecipeError, WinmlError
-from winml_recipes.presets import Target, default_steps, devices, precisions, resolve_target
+from winml_recipes.presets import default_steps, devices, precisions, resolve_target
 from winml_recipes.schemas import recipe_schema
+from winml_recipes.sdk.errors import CatalogError, RecipeError, WinmlError
+from winml_recipes.sdk.target import Target
 from winml_recipes.yamlfile import LoadedYaml, load_yaml, validate
 
 PARTIALS_DIR = "_partials"
@@ -509,7 +510,7 @@ def _choose_source(
     path: Path,
 ) -> str | None:
     """The named catalog source to build from: --source, else the recipe's, else the first."""
-    from winml_recipes.errors import check_known
+    from winml_recipes.sdk.errors import check_known
 
     names = catalog.source_names
     name = requested or declared

@@ -64,7 +64,7 @@ def _dims_schema() -> dict[str, Any]:
 
 def recipe_schema() -> dict[str, Any]:
     """The recipe schema with each registered pass's options composed in."""
-    from winml_recipes.engine.registry import all_passes
+    from winml_recipes.sdk.passes import all_passes
 
     passes = all_passes()
     options_defs: dict[str, Any] = {}
@@ -192,6 +192,12 @@ def _tensor_schema(output: bool) -> dict[str, Any]:
     }
 
 
+def _exporter_families() -> list[str]:
+    from winml_recipes.exporters import families
+
+    return list(families())
+
+
 def catalog_schema() -> dict[str, Any]:
     source = {
         "type": "object",
@@ -261,7 +267,7 @@ def catalog_schema() -> dict[str, Any]:
             "description": {"type": "string"},
             "homepage": {"type": "string"},
             "family": {
-                "enum": ["sam3_tracker", "auto"],
+                "enum": _exporter_families(),
                 "description": "Exporter family for sources that are not ONNX yet.",
             },
             "components": {

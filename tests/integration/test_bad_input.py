@@ -480,8 +480,8 @@ import sys
 import time
 from pathlib import Path
 
-from winml_recipes.engine.registry import Pass, model_file, register
-from winml_recipes.engine.types import StepResult
+from winml_recipes.sdk.passes import Pass, model_file, register
+from winml_recipes.sdk.types import StepResult
 
 
 @register

@@ -18,8 +18,8 @@ from winml_recipes.catalog import (
     load_file,
     override_note,
 )
-from winml_recipes.errors import CatalogError
-from winml_recipes.specs import TensorSpec
+from winml_recipes.sdk.contract import TensorSpec
+from winml_recipes.sdk.errors import CatalogError
 
 GOOD = """\
 schema_version: 1

@@ -18,11 +18,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from winml_recipes.errors import PassError
 from winml_recipes.onnx.quant import QOPERATOR_OPS, WEIGHT_ONLY_OPS
 from winml_recipes.quant.dequantize import QUANT_OPS, dequantize_model
 from winml_recipes.quant.dequantize.rules import fused_op_rules
 from winml_recipes.quant.dequantize.state import DequantizeState
+from winml_recipes.sdk.errors import PassError
 
 MS = "com.microsoft"
 U8, I8, F32 = TensorProto.UINT8, TensorProto.INT8, TensorProto.FLOAT

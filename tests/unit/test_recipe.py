@@ -9,14 +9,15 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CATALOG, PARTIALS, RECIPES, known_names
-from winml_recipes.errors import PlanError, RecipeError, WinmlError
-from winml_recipes.presets import Target, default_steps, precisions
+from winml_recipes.presets import default_steps, precisions
 from winml_recipes.recipe import (
     Step,
     load_recipe,
     parse_defines,
     used_variables,
 )
+from winml_recipes.sdk.errors import PlanError, RecipeError, WinmlError
+from winml_recipes.sdk.target import Target
 
 CATALOG_TEXT = """\
 schema_version: 1
@@ -797,7 +798,7 @@ def test_named_sources_pick_and_refuse() -> None:
 
 def test_a_component_has_source_or_sources_not_both(tmp_path: Path) -> None:
     from winml_recipes.catalog import load_entry
-    from winml_recipes.errors import CatalogError
+    from winml_recipes.sdk.errors import CatalogError
 
     text = (CATALOG / "sam3.yaml").read_text()
     both = text.replace(

@@ -8,7 +8,7 @@ import jsonschema
 
 from tests.conftest import CATALOG, DATA, RECIPES, REPO
 from winml_recipes import schemas
-from winml_recipes.engine.registry import all_passes
+from winml_recipes.sdk.passes import all_passes
 
 
 def test_committed_schemas_are_fresh() -> None:

@@ -22,7 +22,6 @@ from collections.abc import Iterator
 import onnx
 import onnx_ir as ir
 
-from winml_recipes.errors import PassError
 from winml_recipes.quant.dequantize.passes import (
     Cleanup,
     CollapseQDQ,
@@ -36,6 +35,7 @@ from winml_recipes.quant.dequantize.report import DequantizeReport, Leftover
 from winml_recipes.quant.dequantize.rules import fused_op_rules
 from winml_recipes.quant.dequantize.state import DequantizeState
 from winml_recipes.quant.dequantize.values import QUANT_OPS, is_quant_op
+from winml_recipes.sdk.errors import PassError
 
 __all__ = ["QUANT_OPS", "DequantizeReport", "Leftover", "dequantize_model", "dequantize_passes"]
 
