@@ -10,6 +10,9 @@
   quantization setting, against the naive baseline measured in the same run.
 - QNN HTP (bench/htp.py): verification of the sam3-tiny npu/w8a16 graphs on QNN HTP and
   their EPContext compile, as ratios against verification on the CPU EP.
+- P1 overhead (bench/overhead.py): a `build --onnx` cpu/uint8 of sam3-tiny's two graphs
+  against the same onnxruntime calls (quantize_static, float and quantized sessions) in a
+  plain script, whole processes; the CPU-time ratio must stay at or below 1.05.
 - sam3-mid (bench/mid.py): wall time and peak RSS per step of the npu/w8a16 build at the
   full-size shapes, against one fp32 forward pass of its encoder.
 - third-party quantizers (bench/thirdparty.py, with WINML_BENCH_THIRDPARTY=1, ~10 min):
@@ -98,6 +101,10 @@ def main() -> int:
     import quality
 
     quality.main()
+    print()
+    import overhead
+
+    ok &= overhead.main() == 0
     print()
     import htp
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from winml_recipes.errors import RecipeError
-from winml_recipes.specs import TensorSpec
+from winml_recipes.sdk.contract import TensorSpec
+from winml_recipes.sdk.errors import RecipeError
 
 
 def parse_shapes(items: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...]]:
@@ -345,6 +345,29 @@ def _write_init(
     return catalog_path, recipe_path
 
 
+def next_commands(catalog_path: Path, recipe_path: Path) -> list[str]:
+    """The commands that validate and build what `init` wrote, run from the same folder
+    (`--catalog` when the entry is not in the catalog/ beside the recipes/ folder)."""
+    catalog_dir = catalog_path.parent
+    beside = recipe_path.parent.parent / "catalog"
+    flag = [] if beside.resolve() == catalog_dir.resolve() else ["--catalog", str(catalog_dir)]
+    return [
+        _command_line(["winml-recipes", command, str(recipe_path), *flag])
+        for command in ("validate", "build")
+    ]
+
+
+def _command_line(args: list[str]) -> str:
+    """Quoted for the shell the user is in (cmd.exe rules on Windows)."""
+    if os.name == "nt":
+        import subprocess
+
+        return subprocess.list2cmdline(args)
+    import shlex
+
+    return shlex.join(args)
+
+
 def _project_schemas(root: Path) -> dict[str, Path]:
     """root/schemas/{recipe,catalog}.schema.json, written when missing, so the `$schema`
     comments resolve in any project folder (not only in this repository)."""
@@ -414,8 +437,8 @@ def _preprocessor(model_ref, config_dir: Path) -> dict | None:
 
     path = config_dir / "preprocessor_config.json"
     if not isinstance(model_ref, LocalHfDir):
-        from winml_recipes.errors import SourceError
         from winml_recipes.hub import download_file
+        from winml_recipes.sdk.errors import SourceError
 
         try:
             path, _ = download_file(

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from winml_recipes.engine.types import UpstreamComponent
-from winml_recipes.errors import PassError, PlanError
-from winml_recipes.specs import IOContract, TensorSpec, resolve_shape
+from winml_recipes.sdk.contract import IOContract, TensorSpec, resolve_shape
+from winml_recipes.sdk.errors import PassError, PlanError
+from winml_recipes.sdk.types import UpstreamComponent
 
 Feed = dict[str, np.ndarray]
 FeedFactory = Callable[[], Iterator[Feed]]

@@ -92,7 +92,7 @@ def test_image_inputs_are_recognised_from_their_shape() -> None:
 def test_masks_are_drawn_as_padding() -> None:
     """All-ones masks left the mask path a range of 0: the quantized model ignored masks."""
     from winml_recipes.onnx.inputs import make_inputs
-    from winml_recipes.specs import TensorSpec
+    from winml_recipes.sdk.contract import TensorSpec
 
     graph = helper.make_graph(
         [helper.make_node("Cast", ["attention_mask"], ["y"], to=F)],

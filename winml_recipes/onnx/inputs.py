@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 
 from winml_recipes.onnx.digest import dtype_name, graph_inputs
-from winml_recipes.specs import ImagePreprocess, TensorSpec, resolve_shape
+from winml_recipes.sdk.contract import ImagePreprocess, TensorSpec, resolve_shape
 
 DEFAULT_FLOAT_RANGE = (-1.0, 1.0)
 DEFAULT_INT_RANGE = (0, 10)  # low inclusive, high exclusive
@@ -31,7 +31,7 @@ def make_inputs(
         shape = resolve_shape(s, dims)
         elements = int(np.prod(shape, dtype=np.int64))
         if elements > MAX_INPUT_ELEMENTS or 0 in shape:
-            from winml_recipes.errors import PlanError
+            from winml_recipes.sdk.errors import PlanError
 
             raise PlanError(
                 f"input '{s.name}': shape {list(shape)} has {elements} elements "

@@ -7,16 +7,18 @@ precision and device presets fill what the recipe leaves out.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from winml_recipes.engine.registry import Pass, check_component, model_file, register
-from winml_recipes.engine.types import ModelFacts, PlanContext, StepContext, StepResult
-from winml_recipes.presets import Target, precisions_of_kind
-from winml_recipes.quant.config import QUANTIZE_OPTIONS_SCHEMA, QuantConfig, resolve
+from winml_recipes.presets import precisions_of_kind
+from winml_recipes.quant.config import MixedAuto, QuantConfig, QuantizeOptions, resolve
+from winml_recipes.sdk.passes import Pass, check_component, model_file, register
+from winml_recipes.sdk.target import Target
+from winml_recipes.sdk.types import ModelFacts, PlanContext, StepContext, StepResult
 
 if TYPE_CHECKING:
-    from winml_recipes.engine.budget import EstimateInputs, MemoryEstimate
+    from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
 
 MATMUL_CONV = ("MatMul", "Conv", "Gemm", "ConvTranspose")
 # Automatic mixed precision scores candidates on samples calibration never saw.
@@ -24,7 +26,7 @@ HELD_OUT_SEED_OFFSET = 104_729
 
 
 @register
-class QuantizePass(Pass):
+class QuantizePass(Pass[QuantizeOptions]):
     name = "quantize"
     version = 6
     summary = "Static (calibrated QDQ, QNN rules, mixed precision) or dynamic quantization."
@@ -32,10 +34,11 @@ class QuantizePass(Pass):
     uses_contract = True
     once_per_component = True  # one component is quantized once
     needs_float_input = True
-    options_schema = QUANTIZE_OPTIONS_SCHEMA
+    makes = frozenset({"integer"})
+    sample_inputs = "calibration"  # an inputs_from component calibrates as this one did
 
-    def check(self, options: dict[str, Any], ctx: PlanContext) -> None:
-        cfg = resolve(options, ctx.target)
+    def check(self, config: QuantizeOptions, ctx: PlanContext) -> None:
+        cfg = resolve(config, ctx.target)
         cal = cfg.calibration
         if cal is not None and cal.inputs_from:
             check_component(cal.inputs_from, ctx, "quantize.calibration.inputs_from")
@@ -48,43 +51,39 @@ class QuantizePass(Pass):
 
             image_files(cal.images, ctx.recipe_dir)
 
-    def depends_on(self, options: dict[str, Any]) -> tuple[str, ...]:
-        src = (options.get("calibration") or {}).get("inputs_from")
-        return (src,) if src else ()
+    def depends_on(self, config: QuantizeOptions) -> tuple[str, ...]:
+        cal = config.calibration
+        return (cal.inputs_from,) if cal is not None and cal.inputs_from else ()
 
-    def calibration_of(self, options: dict[str, Any]) -> dict[str, Any] | None:
-        return dict(options.get("calibration") or {})
-
-    def key_material(self, options: dict[str, Any], ctx: StepContext) -> Any:
+    def key_material(self, config: QuantizeOptions, ctx: StepContext) -> Any:
         from winml_recipes.feeds import upstream_data_digest
         from winml_recipes.presets import device_settings, precision_settings
         from winml_recipes.runtime.providers import identity, provider_for_device
 
-        data = upstream_data_digest(options.get("calibration"), ctx.upstream, ctx.recipe_dir)
+        data = upstream_data_digest(calibration_options(config), ctx.upstream, ctx.recipe_dir)
         # what the presets fill in (per_channel, types) is not in the step's options
         preset = {
             "device": device_settings(ctx.target.device).get("quantize"),
             "precision": precision_settings(ctx.target.precision),
         }
-        mixed = options.get("mixed_precision")
-        if not (isinstance(mixed, dict) and mixed.get("auto")):
+        if not isinstance(config.mixed_precision, MixedAuto):
             return {"data": data, "preset": preset}
         # Automatic mixed precision scores candidates on the target's EP where it loads.
         ep = identity(provider_for_device(ctx.target.device).key)
         return {"data": data, "preset": preset, "scored_on": ep}
 
     def estimate_memory(
-        self, src: Path, options: dict[str, Any], inputs: EstimateInputs
+        self, src: Path, config: QuantizeOptions, inputs: EstimateInputs
     ) -> MemoryEstimate | None:
         from winml_recipes.engine.budget import (
             RUNTIME_MB,
-            MemoryEstimate,
             forward_estimate,
             larger,
             rewrite_estimate,
         )
+        from winml_recipes.sdk.estimates import MemoryEstimate
 
-        cfg = resolve(options, inputs.target)
+        cfg = resolve(config, inputs.target)
         insertion = rewrite_estimate(src, "QDQ insertion", INSERTION_WEIGHT_FACTOR)
         if cfg.calibration is None:
             return insertion
@@ -104,12 +103,12 @@ class QuantizePass(Pass):
             "input shape (catalog dims) lowers it",
         )
 
-    def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
+    def skip_reason(self, facts: ModelFacts, config: QuantizeOptions, target: Target) -> str | None:
         if facts.quantized:
             return f"source already quantized ({facts.quant_summary})"
         return None
 
-    def facts_after(self, facts: ModelFacts, options: dict[str, Any]) -> ModelFacts:
+    def facts_after(self, facts: ModelFacts, config: QuantizeOptions) -> ModelFacts:
         # Quantized here, for this target's types (what a source had no longer applies).
         return facts.evolve(
             quantized=True,
@@ -119,13 +118,13 @@ class QuantizePass(Pass):
         )
 
     def run(
-        self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
+        self, src: Path | None, out_dir: Path, config: QuantizeOptions, ctx: StepContext
     ) -> StepResult:
         from winml_recipes.onnx.io import load_model
         from winml_recipes.quant.ort import quantizable_op_types
 
         assert src is not None
-        cfg = resolve(options, ctx.target)
+        cfg = resolve(config, ctx.target)
         model = load_model(src, load_external_data=False)
         wanted = set(cfg.op_types) or quantizable_op_types()
         if not any(n.op_type in wanted for n in model.graph.node):
@@ -205,12 +204,13 @@ def _static(
         if dropped or any(rewrites.values()):
             src = save_model(model, ctx.work_dir / "float-simplified" / "model.onnx")
     tensors = tensors_to_calibrate(model, list(cfg.op_types) or None)
+    # Histogram settings the recipe leaves unset keep the calibrator's defaults.
+    histogram = {k: v for k in ("num_bins", "percentile") if (v := getattr(cal, k)) is not None}
     settings = CalibrationSettings(
-        method=cal.method,
-        num_bins=cal.num_bins,
-        num_quantized_bins=_quantized_bins(cfg.activation_type, cal.num_bins),
-        percentile=cal.percentile,
-        symmetric=cfg.activation_symmetric,
+        method=cal.method, symmetric=cfg.activation_symmetric, **histogram
+    )
+    settings = replace(
+        settings, num_quantized_bins=_quantized_bins(cfg.activation_type, settings.num_bins)
     )
     started = time.perf_counter()
     counted = _Counted(feeds, lambda seen: ctx.progress("calibration samples", seen, cal.samples))
@@ -348,7 +348,7 @@ def _upgrade_opset(model, cfg: QuantConfig):
     """
     from onnx import version_converter
 
-    from winml_recipes.errors import PassError
+    from winml_recipes.sdk.errors import PassError
 
     current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     needed = _required_opset(cfg)
@@ -391,6 +391,12 @@ def _quantized_bins(activation_type: str, num_bins: int) -> int:
     histogram. The 2**15 a 16-bit type could hold would need a histogram of over 32,768
     bins (gigabytes across a model's activations) and the KL search then clips nothing."""
     return 128 if activation_type.endswith("8") else max(128, num_bins // 2)
+
+
+def calibration_options(config: QuantizeOptions) -> dict[str, Any] | None:
+    """The calibration options that are set, as feeds.feeds_for reads them (None: none)."""
+    cal = config.calibration
+    return None if cal is None else {k: v for k, v in vars(cal).items() if v is not None}
 
 
 def _source_name(cal: dict[str, Any]) -> str:

@@ -20,9 +20,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from winml_recipes.engine.types import StepContext
-from winml_recipes.errors import ExecutionProviderError
 from winml_recipes.quant.config import QuantConfig
+from winml_recipes.sdk.errors import ExecutionProviderError
+from winml_recipes.sdk.types import StepContext
 
 
 def _score(

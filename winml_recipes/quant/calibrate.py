@@ -37,11 +37,12 @@ from onnxruntime.quantization.calibrate import (
     save_tensors_data,
 )
 
-from winml_recipes.errors import PassError
 from winml_recipes.onnx.io import load_model, save_model, sidecar_paths
+from winml_recipes.quant.config import CALIBRATION_METHODS, CalibrationConfig
 from winml_recipes.runtime.sessions import calibration_session
+from winml_recipes.sdk.errors import PassError
 
-METHODS = ("minmax", "entropy", "percentile", "distribution")
+METHODS = tuple(CALIBRATION_METHODS)
 # Element types ORT calibrates (MinMaxCalibrater.select_tensors_to_calibrate).
 CALIBRATED_ELEM_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16})
 # distribution: range = mean ± DISTRIBUTION_STDS · std, clipped to the observed min/max.
@@ -56,7 +57,7 @@ Feeds = Iterable[Feed] | Callable[[], Iterable[Feed]]
 
 @dataclass(frozen=True)
 class CalibrationSettings:
-    method: str = "minmax"  # "minmax" | "entropy" | "percentile" | "distribution"
+    method: str = CalibrationConfig.method  # "minmax" | "entropy" | "percentile" | ...
     num_bins: int = 2048  # histogram bins for the histogram methods
     num_quantized_bins: int = 128  # entropy: target bins over [0, threshold] of |x|
     percentile: float = 99.999  # percentile method: share of the values kept, in %
