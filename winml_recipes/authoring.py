@@ -156,8 +156,9 @@ def write_adhoc_project(
     """root/catalog/NAME.yaml + root/recipes/NAME.yaml for one target; returns the recipe.
 
     Every dynamic dim needs a value from --shape (batch-like dims default to 1). Data (an
-    npz glob or an image folder): calibration reads `calibration_data`, verification
-    `eval_data` (never calibration samples; seeded synthetic inputs when none is given).
+    npz glob, an image folder or a saved `datasets` split): calibration reads
+    `calibration_data`, verification `eval_data` (never calibration samples; seeded
+    synthetic inputs when none is given).
     """
     name = re.sub(r"[^A-Za-z0-9._-]", "-", model_path.stem) or "model"
     entry, _ = onnx_entry(model_path, name, shapes)
@@ -216,7 +217,7 @@ def dims_from_npz(
     """
     from winml_recipes.feeds import npz_files, npz_headers
 
-    if Path(data).is_dir():
+    if Path(data).is_dir() or "dataset" in _data_option(data):
         return {}
     path = Path(data)
     headers = npz_headers(npz_files(path.name, path.parent)[0])
@@ -237,7 +238,14 @@ def dims_from_npz(
 
 
 def _data_option(data: str) -> dict[str, str]:
-    """{"images": folder} for a directory, else {"npz": glob}, as an absolute path."""
+    """{"dataset": folder[:split]} for a folder saved by `datasets` (by its dataset_info.json
+    or dataset_dict.json), {"images": folder} for another directory, else {"npz": glob}, as
+    an absolute path."""
+    from winml_recipes.hfdata import is_dataset_dir, split_spec
+
+    folder, split = split_spec(data, Path.cwd())
+    if is_dataset_dir(folder):
+        return {"dataset": str(folder.resolve()) + (f":{split}" if split else "")}
     path = Path(data)
     if path.is_dir():
         return {"images": str(path.resolve())}

@@ -186,14 +186,15 @@ def plan(recipe, device, precision, defines, catalog_dir, source, as_json) -> No
 @click.option(
     "--calibration-data",
     metavar="DATA",
-    help="With --onnx: real inputs to calibrate on: .npz files (a glob) or an image folder "
+    help="With --onnx: real inputs to calibrate on: .npz files (a glob), an image folder or a "
+    "datasets split saved with save_to_disk (DIR, or DIR:SPLIT for a DatasetDict) "
     "(default: seeded synthetic inputs).",
 )
 @click.option(
     "--eval-data",
     metavar="DATA",
-    help="With --onnx: held-out inputs to verify on (.npz glob or image folder); never the "
-    "calibration samples (default: seeded synthetic inputs).",
+    help="With --onnx: held-out inputs to verify on (.npz glob, image folder or saved datasets "
+    "split); never the calibration samples (default: seeded synthetic inputs).",
 )
 def build(
     recipe,

@@ -50,6 +50,10 @@ class QuantizePass(Pass[QuantizeOptions]):
             from winml_recipes.feeds import image_files
 
             image_files(cal.images, ctx.recipe_dir)
+        if cal is not None and cal.dataset:
+            from winml_recipes.hfdata import check_split, open_split
+
+            check_split(open_split(cal.dataset, ctx.recipe_dir), ctx.contract)
 
     def depends_on(self, config: QuantizeOptions) -> tuple[str, ...]:
         cal = config.calibration
@@ -400,7 +404,7 @@ def calibration_options(config: QuantizeOptions) -> dict[str, Any] | None:
 
 
 def _source_name(cal: dict[str, Any]) -> str:
-    for key in ("npz", "images", "inputs_from"):
+    for key in ("npz", "images", "dataset", "inputs_from"):
         if cal.get(key):
             return f"{key}: {cal[key]}"
     return "synthetic (catalog I/O contract)"

@@ -43,10 +43,15 @@ class VerifyConfig:
         None,
         "Held-out data: an image folder, preprocessed as the catalog input's `image:` block says.",
     )
+    dataset: str | None = option(
+        None,
+        "Held-out data: a Hugging Face `datasets` split saved with save_to_disk (`PATH:SPLIT` "
+        "for a DatasetDict), as for calibration; the first `skip` rows are left out.",
+    )
     skip: int = option(
         0,
-        "With npz/images: leave out the first N samples (e.g. the ones calibration used from "
-        "the same files).",
+        "With npz/images/dataset: leave out the first N samples (e.g. the ones calibration used "
+        "from the same files).",
         minimum=0,
     )
     inputs_from: str | None = option(
@@ -132,7 +137,7 @@ class VerifyPass(Pass[VerifyConfig]):
                 )
         if config.inputs_from:
             check_component(config.inputs_from, ctx, "verify.inputs_from")
-        chosen = [k for k in ("npz", "images", "inputs_from") if getattr(config, k)]
+        chosen = [k for k in ("npz", "images", "dataset", "inputs_from") if getattr(config, k)]
         if len(chosen) > 1:
             raise PlanError(f"verify: {' and '.join(chosen)} are two data sources; keep one")
         if config.npz:
@@ -143,6 +148,10 @@ class VerifyPass(Pass[VerifyConfig]):
             from winml_recipes.feeds import image_files
 
             image_files(config.images, ctx.recipe_dir)
+        if config.dataset:
+            from winml_recipes.hfdata import check_split, open_split
+
+            check_split(open_split(config.dataset, ctx.recipe_dir), ctx.contract)
 
     def key_material(self, config: VerifyConfig, ctx: StepContext) -> Any:
         from winml_recipes.feeds import upstream_data_digest
@@ -215,6 +224,11 @@ class VerifyPass(Pass[VerifyConfig]):
         _check_output_shapes(target.outputs[0], ctx)
         metrics = compare_runs(reference, target.outputs)
         record: dict[str, Any] = {"samples": config.samples, **target.record}
+        source = _data_source(config)
+        if source:  # which data the metrics were measured on, and how many samples it gave
+            key = next(iter(source))
+            record["data_source"] = f"{key}: {source[key]}"
+            record["data_samples"] = samples
         if isinstance(factory, UpstreamFeeds):
             record["upstream_forwards"] = {"computed": factory.computed, "reused": factory.reused}
         if config.compare_simulation and target.verified_on not in ("cpu", "cpu-simulation"):
@@ -242,7 +256,8 @@ def _runs_on_cpu(device: str, config: VerifyConfig) -> bool:
 
 def _data_source(config: VerifyConfig) -> dict[str, Any] | None:
     """Calibration-style data options for feeds_for (None: seeded synthetic inputs)."""
-    source = {k: getattr(config, k) for k in ("npz", "images", "inputs_from") if getattr(config, k)}
+    keys = ("npz", "images", "dataset", "inputs_from")
+    source = {k: getattr(config, k) for k in keys if getattr(config, k)}
     return source or None
 
 

@@ -27,7 +27,7 @@ class CalibrationConfig:
 
     schema_extra: ClassVar[dict[str, Any]] = {
         "description": "Static calibration. Data: synthetic from the catalog I/O contract "
-        "unless one of npz, images or inputs_from is given."
+        "unless one of npz, images, dataset or inputs_from is given."
     }
 
     method: CalibrationMethod = "minmax"
@@ -41,6 +41,12 @@ class CalibrationConfig:
         "arrays with a leading sample axis.",
     )
     images: str | None = option(None, "A folder of images, preprocessed as the catalog entry says.")
+    dataset: str | None = option(
+        None,
+        "A Hugging Face `datasets` split saved with save_to_disk: a folder, relative to the recipe "
+        "(`PATH:SPLIT` for a DatasetDict). A column per model input, by name; one sample per "
+        "row. Read with pyarrow (pip install 'winml-recipes[datasets]').",
+    )
     samples_per_upstream: int = option(
         1,
         "With inputs_from: how many samples share one upstream output (one image's "
@@ -183,7 +189,9 @@ def resolve(options: QuantizeOptions, target: Target) -> QuantConfig:
     if mode == "static":
         _check_ort_combination(fmt, activation_type, weight_type)
         c = o.calibration or CalibrationConfig()
-        sources = [k for k in ("npz", "images", "inputs_from") if getattr(c, k) is not None]
+        sources = [
+            k for k in ("npz", "images", "dataset", "inputs_from") if getattr(c, k) is not None
+        ]
         if len(sources) > 1:
             raise PlanError(
                 f"quantize.calibration: {' and '.join(sources)} are two data sources; "
