@@ -152,3 +152,21 @@ def test_pyarrow_missing_names_the_extra(tmp_path: Path, monkeypatch) -> None:
     contract = IOContract((TensorSpec("x", "float32", (2, 4)),), (), {})
     with pytest.raises(PlanError, match=r"pip install 'winml-recipes\[datasets\]'"):
         check_split(split, contract)
+
+
+def test_the_cache_key_follows_the_rows(tmp_path: Path) -> None:
+    """Same folder, same file names: rewritten rows calibrate again; unchanged ones do not."""
+    model = make_mlp_onnx(tmp_path / "mlp.onnx")
+    data = save_split(tmp_path / "d", float_rows(6, 1))
+    held = save_split(tmp_path / "h", float_rows(3, 9))
+
+    def quantize_status(out: str) -> str:
+        done = cli(*BUILD, "--onnx", model, "-o", tmp_path / out,
+                   "--calibration-data", data, "--eval-data", held)  # fmt: skip
+        return steps(done)["quantize"]["status"]
+
+    assert quantize_status("a") == "ran"
+    assert quantize_status("b") == "cached"
+    shutil.rmtree(data)
+    save_split(data, float_rows(6, 2))
+    assert quantize_status("c") == "ran"
