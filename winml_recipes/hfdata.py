@@ -77,7 +77,10 @@ def open_split(spec: str, base: Path, what: str = WHAT) -> SavedSplit:
     metadata: list[Path] = []
     if (folder / "dataset_dict.json").is_file():
         index = _inside(folder, "dataset_dict.json", what)
-        splits = [str(s) for s in _json(index, what).get("splits", [])]
+        listed = _json(index, what).get("splits")
+        if not isinstance(listed, list):
+            raise PlanError(f"{what}: {index} has no list of splits")
+        splits = [str(s) for s in listed]
         metadata.append(index)
         if split is None or split not in splits:
             given = "no split was given" if split is None else f"it has no split '{split}'"
@@ -192,7 +195,7 @@ def samples(
                 if produced >= count:
                     return
                 yield {
-                    s.name: _value(cols[s.name][row].as_py(), s, contract, split, index, what)
+                    s.name: _value(cols[s.name][row], s, contract, split, index, what)
                     for s in contract.inputs
                 }
                 produced += 1
@@ -200,42 +203,57 @@ def samples(
 
 
 def _value(
-    value: Any, spec: TensorSpec, contract: IOContract, split: SavedSplit, row: int, what: str
+    scalar: Any, spec: TensorSpec, contract: IOContract, split: SavedSplit, row: int, what: str
 ) -> np.ndarray:
-    where = f"{what}: {split.spec} row {row} column '{spec.name}'"
-    feature = split.features.get(spec.name) or {}
-    if feature.get("_type") == "Image" or _is_image(value):
-        if spec.image is None:
-            raise PlanError(
-                f"{where} holds images but the catalog input '{spec.name}' has no 'image' "
-                "preprocessing block"
-            )
-        data = value.get("bytes") if isinstance(value, dict) else None
-        if not data:
-            raise PlanError(f"{where}: the image is stored by path only; save it with its bytes")
-        from winml_recipes.images import preprocess_image
+    """One cell as the input's array. Lists are flattened and counted in Arrow before any
+    copy, so a row of another size (or a huge one) is refused without materializing it."""
+    import pyarrow as pa
 
-        return preprocess_image(io.BytesIO(data), spec)
-    if value is None:
+    where = f"{what}: {split.spec} row {row} column '{spec.name}'"
+    if not scalar.is_valid:
         raise PlanError(f"{where} is empty (null)")
-    try:
-        arr = np.asarray(value)
-    except ValueError:
-        raise PlanError(f"{where} is a ragged list; every row needs the input's shape") from None
+    feature = split.features.get(spec.name) or {}
+    if feature.get("_type") == "Image" or pa.types.is_struct(scalar.type):
+        return _image(scalar.as_py(), spec, where)
+    values = scalar.values if _is_list(scalar.type) else pa.array([scalar.as_py()], scalar.type)
+    while _is_list(values.type):
+        values = values.flatten()
     target = np.dtype(spec.dtype)
-    if arr.dtype.kind not in "biuf":
-        raise PlanError(f"{where} holds {arr.dtype} values; the input needs {target}")
-    if arr.dtype.kind == "f" and target.kind in "biu":
+    kind = values.type
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
+        raise PlanError(f"{where} holds {kind} values; the input needs {target}")
+    if pa.types.is_floating(kind) and target.kind in "biu":
         raise PlanError(f"{where} holds floats; the input needs {target}")
     shape = resolve_shape(spec, contract.dims)
     size = int(np.prod(shape, dtype=np.int64))
-    if arr.size != size:
+    if len(values) != size:
         raise PlanError(
-            f"{where} has {arr.size} values; input '{spec.name}' {spec.dtype}{list(shape)} "
+            f"{where} has {len(values)} values; input '{spec.name}' {spec.dtype}{list(shape)} "
             f"needs {size}"
         )
-    return arr.astype(target).reshape(shape)
+    if values.null_count:
+        raise PlanError(f"{where} has {values.null_count} empty (null) values")
+    return values.to_numpy(zero_copy_only=False).astype(target).reshape(shape)
 
 
-def _is_image(value: Any) -> bool:
-    return isinstance(value, dict) and set(value) == {"bytes", "path"}
+def _is_list(kind: Any) -> bool:
+    import pyarrow as pa
+
+    return bool(
+        pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+    )
+
+
+def _image(value: Any, spec: TensorSpec, where: str) -> np.ndarray:
+    """An `Image` cell ({bytes, path}) through the catalog input's image preprocessing."""
+    if spec.image is None:
+        raise PlanError(
+            f"{where} holds images but the catalog input '{spec.name}' has no 'image' "
+            "preprocessing block"
+        )
+    data = value.get("bytes") if isinstance(value, dict) else None
+    if not data:
+        raise PlanError(f"{where}: the image is stored by path only; save it with its bytes")
+    from winml_recipes.images import preprocess_image
+
+    return preprocess_image(io.BytesIO(data), spec)

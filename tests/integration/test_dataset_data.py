@@ -170,3 +170,29 @@ def test_the_cache_key_follows_the_rows(tmp_path: Path) -> None:
     shutil.rmtree(data)
     save_split(data, float_rows(6, 2))
     assert quantize_status("c") == "ran"
+
+
+def test_a_recipe_names_splits_relative_to_itself(tmp_path: Path) -> None:
+    """`calibration: {dataset: data:train}` and `verify: {dataset: data:test}` beside the
+    recipe; held-out metrics on the real split, recorded as such."""
+    from winml_recipes import api
+
+    model = make_mlp_onnx(tmp_path / "mlp.onnx")
+    project = tmp_path / "p"
+    done = cli("init", model, "--name", "m", "--catalog", project / "catalog",
+               "--recipes", project / "recipes")  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    shutil.copytree(SAVED, project / "recipes" / "data")
+    recipe = project / "recipes" / "m.yaml"
+    recipe.write_text(
+        "schema_version: 1\nname: m\nmodel: m\ntargets: [{device: cpu, precision: int8}]\n"
+        "dims: {batch: 2}\nsteps:\n"
+        "  - quantize: {calibration: {dataset: 'data:train', samples: 10}}\n"
+        "  - verify: {dataset: 'data:test', samples: 4}\n"
+    )
+    result = api.build(recipe, output_root=tmp_path / "o")
+    got = {s["pass"]: s for s in result.manifest["components"]["model"]["steps"]}
+    assert got["quantize"]["metrics"]["calibration_source"] == "dataset: data:train"
+    assert got["quantize"]["metrics"]["calibration_samples"] == 10
+    assert got["verify"]["metrics"]["data_samples"] == 4
+    assert got["verify"]["metrics"]["outputs"]["y"]["sqnr_db"] > 25
