@@ -18,7 +18,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt torch
-	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[export,dev,qnn,ray]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[export,dev,qnn,datasets,ray]'
 	touch $(STAMP)
 
 build: install
@@ -35,8 +35,10 @@ golden: install
 	WINML_GOLDEN_ALL=1 $(BIN)/python -m pytest -q tests/golden --force-regen || \
 	  WINML_GOLDEN_ALL=1 $(BIN)/python -m pytest -q tests/golden
 
+# Both copies: schemas/ for editors in this repo, the package's for everyone else.
 schema: install
 	$(BIN)/winml-recipes schema --write
+	$(BIN)/winml-recipes schema --write --dir winml_recipes/data/schemas
 
 lint: install
 	$(BIN)/ruff check winml_recipes tests bench

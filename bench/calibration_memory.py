@@ -29,7 +29,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "sam3-tiny.yaml"
-CATALOG = REPO / "catalog"
 SAMPLES = (8, 32)
 METHODS = ("minmax", "entropy")
 REFERENCE = "ort-percentile"  # onnxruntime's HistogramCalibrater, for comparison only
@@ -48,7 +47,7 @@ def _feeds(samples: int):
     from winml_recipes.catalog import load_entry
     from winml_recipes.onnx.inputs import make_inputs
 
-    contract = load_entry("sam3-tiny", CATALOG).components["vision_encoder"].contract
+    contract = load_entry("sam3-tiny").components["vision_encoder"].contract
     specs, dims = list(contract.inputs), contract.dims
 
     def factory():

@@ -66,12 +66,12 @@ def _recipe(directory: Path, precision: str, options: str) -> Path:
 
 def held_out_sqnr(float_models: dict[str, Path], decoder: Path) -> dict[str, float]:
     from winml_recipes.catalog import load_entry
-    from winml_recipes.engine.types import UpstreamComponent
     from winml_recipes.feeds import feeds_for, take
     from winml_recipes.onnx.metrics import compare_runs
     from winml_recipes.runtime.sessions import run_model
+    from winml_recipes.sdk.types import UpstreamComponent
 
-    entry = load_entry("sam3-tiny", REPO / "catalog")
+    entry = load_entry("sam3-tiny")
     enc = entry.components["vision_encoder"].contract
     dec = entry.components["prompt_encoder_mask_decoder"].contract
     up = UpstreamComponent("vision_encoder", float_models["vision_encoder"], "", enc, None)
@@ -100,7 +100,7 @@ def run() -> list[dict]:
         )
         for precision, label, options in VARIANTS:
             recipe = _recipe(root / label.replace(" ", "_")[:20], precision, options)
-            built = api.build(recipe, output_root=root / "out", catalog_dir=REPO / "catalog")
+            built = api.build(recipe, output_root=root / "out")
             steps = built.manifest["components"]["prompt_encoder_mask_decoder"]["steps"]
             quant = next(s for s in steps if s["pass"] == "quantize")["metrics"]
             auto = quant.get("mixed_precision_auto") or {}

@@ -13,8 +13,14 @@
 - matrix (bench/matrix.py): sam3-tiny's 5 targets + 3 of a small MLP recipe built by the
   local, pool and Ray executors from empty caches, wall times as ratios against local, Ray's
   start-up apart, outputs checked byte-identical.
+- P1 overhead (bench/overhead.py): a `build --onnx` cpu/uint8 of sam3-tiny's two graphs
+  against the same onnxruntime calls (quantize_static, float and quantized sessions) in a
+  plain script, whole processes; the CPU-time ratio must stay at or below 1.05.
 - sam3-mid (bench/mid.py): wall time and peak RSS per step of the npu/w8a16 build at the
   full-size shapes, against one fp32 forward pass of its encoder.
+- third-party quantizers (bench/thirdparty.py, with WINML_BENCH_THIRDPARTY=1, ~10 min):
+  ours against onnxruntime's get_qnn_qdq_config a16w8 and quantize_static u8 on a BERT,
+  a CNN, a text recognizer and a ResNet, task metric on the CPU EP and QNN HTP.
 
 Run with `make bench`. Prints a table and writes bench/out/results.json.
 """
@@ -99,6 +105,10 @@ def main() -> int:
 
     quality.main()
     print()
+    import overhead
+
+    ok &= overhead.main() == 0
+    print()
     import htp
 
     htp.main()
@@ -110,6 +120,11 @@ def main() -> int:
     import mid
 
     mid.main()
+    if os.environ.get("WINML_BENCH_THIRDPARTY") == "1":
+        print()
+        import thirdparty
+
+        thirdparty.main([])
     return 0 if ok and memory_ok and same_bytes else 1
 
 

@@ -49,8 +49,9 @@ def make_standin(folder: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     from winml_recipes import api
+    from winml_recipes.catalog import builtin_catalog_dir
 
-    mid = yaml.safe_load((REPO / "catalog" / "sam3-mid.yaml").read_text())
+    mid = yaml.safe_load((builtin_catalog_dir() / "sam3-mid.yaml").read_text())
     mid["name"] = "sam3-standin"
     for comp in mid["components"].values():
         comp["source"] = {"seed": 0, "config": {"model_type": "sam3_tracker"}}

@@ -15,14 +15,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 def known_names() -> tuple[str, str, str]:
     """Passes, devices and precisions as error messages list them."""
-    from winml_recipes.engine.registry import all_passes
     from winml_recipes.presets import devices, precisions
+    from winml_recipes.sdk.passes import all_passes
 
     return ", ".join(all_passes()), ", ".join(devices()), ", ".join(precisions())
 
 
 RECIPES = REPO / "recipes"
-CATALOG = REPO / "catalog"
+# The built-in catalog and partials ship inside the package (winml_recipes/data).
+DATA = REPO / "winml_recipes" / "data"
+CATALOG = DATA / "catalog"
+PARTIALS = DATA / "partials"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -129,10 +132,10 @@ def sqnr_against_float_sam3(float_models: dict, built_models: dict, seed: int = 
     The decoder is fed embeddings from the float vision encoder, as in use.
     """
     from winml_recipes import api
-    from winml_recipes.engine.types import UpstreamComponent
     from winml_recipes.feeds import feeds_for, take
     from winml_recipes.onnx.metrics import compare_runs
     from winml_recipes.runtime.sessions import run_model
+    from winml_recipes.sdk.types import UpstreamComponent
 
     entry = api.load(RECIPES / "sam3-tiny.yaml").catalog
     enc = entry.components["vision_encoder"].contract

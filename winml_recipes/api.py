@@ -178,8 +178,8 @@ def build_onnx(
     import tempfile
 
     from winml_recipes.authoring import write_adhoc_project
-    from winml_recipes.errors import SourceError, WinmlError
     from winml_recipes.presets import default_precision, resolve_target
+    from winml_recipes.sdk.errors import SourceError, WinmlError
 
     model = Path(model)
     if not model.is_file():
@@ -227,14 +227,14 @@ def compare(
     import dataclasses
     import tempfile
 
-    from winml_recipes.errors import RecipeError, WinmlError
     from winml_recipes.feeds import check_npz, from_npz, npz_files, synthetic, take
     from winml_recipes.hub import local_model_file
     from winml_recipes.onnx.inputs import specs_from_model
     from winml_recipes.onnx.io import load_model
     from winml_recipes.presets import resolve_target
     from winml_recipes.quant.divergence import compare_tensors, first_divergence
-    from winml_recipes.specs import IOContract
+    from winml_recipes.sdk.contract import IOContract
+    from winml_recipes.sdk.errors import RecipeError, WinmlError
 
     resolve_target(device, "fp32")
     candidate, reference = local_model_file(str(candidate)), local_model_file(str(reference))

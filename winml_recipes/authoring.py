@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from winml_recipes.errors import RecipeError
-from winml_recipes.specs import TensorSpec
+from winml_recipes.sdk.contract import TensorSpec
+from winml_recipes.sdk.errors import RecipeError
 
 
 def parse_shapes(items: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...]]:
@@ -93,6 +93,13 @@ def _tensor(spec: TensorSpec) -> dict:
         out["range"] = [float(spec.range[0]), float(spec.range[1])]
     if spec.values is not None:
         out["values"] = list(spec.values)
+    if spec.image is not None:
+        out["image"] = {
+            "size": list(spec.image.size),
+            "mean": list(spec.image.mean),
+            "std": list(spec.image.std),
+            "layout": spec.image.layout,
+        }
     return out
 
 
@@ -149,8 +156,9 @@ def write_adhoc_project(
     """root/catalog/NAME.yaml + root/recipes/NAME.yaml for one target; returns the recipe.
 
     Every dynamic dim needs a value from --shape (batch-like dims default to 1). Data (an
-    npz glob or an image folder): calibration reads `calibration_data`, verification
-    `eval_data` (never calibration samples; seeded synthetic inputs when none is given).
+    npz glob, an image folder or a saved `datasets` split): calibration reads
+    `calibration_data`, verification `eval_data` (never calibration samples; seeded
+    synthetic inputs when none is given).
     """
     name = re.sub(r"[^A-Za-z0-9._-]", "-", model_path.stem) or "model"
     entry, _ = onnx_entry(model_path, name, shapes)
@@ -160,6 +168,13 @@ def write_adhoc_project(
     ]
     given = {d for s in specs if s.name in shapes for d in s.shape if isinstance(d, str)}
     missing = unset_dims(specs, given)
+    if missing and calibration_data is not None:
+        # The data knows the sizes the model runs at (a sequence length, an image side).
+        read = dims_from_npz(specs, missing, calibration_data, entry["components"]["model"]["dims"])
+        if read:
+            entry, _ = onnx_entry(model_path, name, {**read, **shapes})
+            given |= {d for s in specs if s.name in read for d in s.shape if isinstance(d, str)}
+            missing = unset_dims(specs, given)
     if missing:
         listed = "; ".join(f"{n}: {', '.join(ds)}" for n, ds in missing.items())
         first = next(s for s in specs if s.name in missing)
@@ -188,8 +203,49 @@ def write_adhoc_project(
     return path
 
 
+def dims_from_npz(
+    specs: list[TensorSpec],
+    missing: Mapping[str, list[str]],
+    data: str,
+    dims: Mapping[str, int],
+) -> dict[str, tuple[int, ...]]:
+    """`--shape` values for the inputs with unset dims, read from the first `.npz` file of
+    `data` (array headers only): a sample's shape, the leading sample axis removed.
+
+    Only dims nothing set are taken from the data; the others keep their value (`dims`), so
+    an `(8, 32)` array for `[batch, sequence]` still meets the npz ambiguity check.
+    """
+    from winml_recipes.feeds import npz_files, npz_headers
+
+    if Path(data).is_dir() or "dataset" in _data_option(data):
+        return {}
+    path = Path(data)
+    headers = npz_headers(npz_files(path.name, path.parent)[0])
+    out: dict[str, tuple[int, ...]] = {}
+    for spec in specs:
+        if spec.name not in missing or spec.name not in headers:
+            continue
+        shape = headers[spec.name][0]
+        if len(shape) == len(spec.shape) + 1:
+            shape = shape[1:]
+        if len(shape) != len(spec.shape) or 0 in shape:
+            continue  # the npz check says what is wrong with it
+        out[spec.name] = tuple(
+            dims.get(d, 1) if isinstance(d, str) and d not in missing[spec.name] else int(g)
+            for d, g in zip(spec.shape, shape, strict=True)
+        )
+    return out
+
+
 def _data_option(data: str) -> dict[str, str]:
-    """{"images": folder} for a directory, else {"npz": glob}, as an absolute path."""
+    """{"dataset": folder[:split]} for a folder saved by `datasets` (by its dataset_info.json
+    or dataset_dict.json), {"images": folder} for another directory, else {"npz": glob}, as
+    an absolute path."""
+    from winml_recipes.hfdata import is_dataset_dir, split_spec
+
+    folder, split = split_spec(data, Path.cwd())
+    if is_dataset_dir(folder):
+        return {"dataset": str(folder.resolve()) + (f":{split}" if split else "")}
     path = Path(data)
     if path.is_dir():
         return {"images": str(path.resolve())}
@@ -297,6 +353,29 @@ def _write_init(
     return catalog_path, recipe_path
 
 
+def next_commands(catalog_path: Path, recipe_path: Path) -> list[str]:
+    """The commands that validate and build what `init` wrote, run from the same folder
+    (`--catalog` when the entry is not in the catalog/ beside the recipes/ folder)."""
+    catalog_dir = catalog_path.parent
+    beside = recipe_path.parent.parent / "catalog"
+    flag = [] if beside.resolve() == catalog_dir.resolve() else ["--catalog", str(catalog_dir)]
+    return [
+        _command_line(["winml-recipes", command, str(recipe_path), *flag])
+        for command in ("validate", "build")
+    ]
+
+
+def _command_line(args: list[str]) -> str:
+    """Quoted for the shell the user is in (cmd.exe rules on Windows)."""
+    if os.name == "nt":
+        import subprocess
+
+        return subprocess.list2cmdline(args)
+    import shlex
+
+    return shlex.join(args)
+
+
 def _project_schemas(root: Path) -> dict[str, Path]:
     """root/schemas/{recipe,catalog}.schema.json, written when missing, so the `$schema`
     comments resolve in any project folder (not only in this repository)."""
@@ -366,8 +445,8 @@ def _preprocessor(model_ref, config_dir: Path) -> dict | None:
 
     path = config_dir / "preprocessor_config.json"
     if not isinstance(model_ref, LocalHfDir):
-        from winml_recipes.errors import SourceError
         from winml_recipes.hub import download_file
+        from winml_recipes.sdk.errors import SourceError
 
         try:
             path, _ = download_file(

@@ -1,7 +1,12 @@
-"""Catalog entries: components, sources, I/O contracts and shape hints (catalog/*.yaml)."""
+"""Catalog entries: components, sources, I/O contracts and shape hints.
+
+The built-in entries ship inside the package (winml_recipes/data/catalog); a project's own
+`catalog/*.yaml` adds to them, and an entry of the same name overrides the built-in one.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import re
@@ -9,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from winml_recipes.errors import CatalogError
+from winml_recipes.data import CATALOG, builtin_dir
 from winml_recipes.schemas import NAME_PATTERN, catalog_schema
-from winml_recipes.specs import ImagePreprocess, IOContract, TensorSpec
+from winml_recipes.sdk.contract import ImagePreprocess, IOContract, TensorSpec
+from winml_recipes.sdk.errors import CatalogError
 from winml_recipes.yamlfile import load_yaml, validate
 
 CATALOG_ENV = "WINML_RECIPES_CATALOG"
@@ -40,6 +46,11 @@ class CatalogEntry:
     path: Path
     data: dict[str, Any]  # validated raw data (also the `catalog` template variable)
     components: dict[str, Component]
+    overrides: Path | None = None  # the built-in entry of the same name this one hides
+
+    @property
+    def builtin(self) -> bool:
+        return self.path.parent.resolve() == builtin_catalog_dir().resolve()
 
     @property
     def family(self) -> str | None:
@@ -54,46 +65,95 @@ class CatalogEntry:
         return list(names)
 
 
-def default_catalog_dir(near: Path | None = None) -> Path:
-    """$WINML_RECIPES_CATALOG, else ../catalog next to a recipe, else ./catalog."""
+def builtin_catalog_dir() -> Path:
+    """The catalog that ships inside the package (always available, from any folder)."""
+    return builtin_dir(CATALOG)
+
+
+def default_catalog_dir(near: Path | None = None) -> Path | None:
+    """The project's own catalog, which adds to (and by name overrides) the built-in one:
+    $WINML_RECIPES_CATALOG, else ../catalog beside a recipe, else ./catalog; None when
+    there is none (the built-in entries are then the catalog)."""
     if os.environ.get(CATALOG_ENV):
         return Path(os.environ[CATALOG_ENV])
     if near is not None and (near.parent.parent / "catalog").is_dir():
         return near.parent.parent / "catalog"
-    return Path("catalog")
+    if Path("catalog").is_dir():
+        return Path("catalog")
+    return None
 
 
-def entry_names(catalog_dir: Path) -> list[str]:
-    return sorted(p.stem for p in catalog_dir.glob("*.yaml"))
+def _project_dir(catalog_dir: Path | None) -> Path | None:
+    """The project catalog to search before the built-ins (None: none, or the built-ins
+    themselves); a directory that was named but does not exist is an error, not a no-op."""
+    if catalog_dir is None:
+        return None
+    if not catalog_dir.is_dir():
+        raise CatalogError(f"catalog directory not found: {catalog_dir}; pass --catalog DIR")
+    if catalog_dir.resolve() == builtin_catalog_dir().resolve():
+        return None
+    return catalog_dir
 
 
-def load_entry(name: str, catalog_dir: Path) -> CatalogEntry:
+def _names_in(directory: Path) -> list[str]:
+    return sorted(p.stem for p in directory.glob("*.yaml") if re.match(NAME_PATTERN, p.stem))
+
+
+def entry_names(catalog_dir: Path | None = None) -> list[str]:
+    """Every entry name: the project's (`catalog_dir`) and the built-in ones."""
+    project = _project_dir(catalog_dir)
+    names = set(_names_in(builtin_catalog_dir()))
+    if project is not None:
+        names |= set(_names_in(project))
+    return sorted(names)
+
+
+def entry_path(name: str, catalog_dir: Path | None = None) -> Path:
+    """Where entry `name` is read from: the project's catalog first, then the built-in one."""
     if not re.match(NAME_PATTERN, name):
         raise CatalogError(
             f"invalid catalog entry name '{name}': a bare name like 'sam3' "
             f"(catalog/NAME.yaml), not a path"
         )
-    if not catalog_dir.is_dir():
-        raise CatalogError(f"catalog directory not found: {catalog_dir}; pass --catalog DIR")
-    path = catalog_dir / f"{name}.yaml"
-    if path.is_symlink() or path.exists():
-        real = path.resolve()
-        if catalog_dir.resolve() not in real.parents:
-            raise CatalogError(
-                "is a link that leaves the catalog directory; catalog entries are files in it",
-                where=str(path),
-            )
-        if not real.is_file():
-            raise CatalogError("is not a regular file", where=str(path))
-    if not path.is_file():
-        names = entry_names(catalog_dir)
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise CatalogError(
-            f"unknown catalog entry '{name}'{hint}; entries in {catalog_dir}: "
-            f"{', '.join(names) or 'none'}"
-        )
-    return load_file(path)
+    project = _project_dir(catalog_dir)
+    for directory in (project, builtin_catalog_dir()):
+        if directory is None:
+            continue
+        path = directory / f"{name}.yaml"
+        if path.is_symlink() or path.exists():
+            real = path.resolve()
+            if directory.resolve() not in real.parents:
+                raise CatalogError(
+                    "is a link that leaves the catalog directory; catalog entries are files in it",
+                    where=str(path),
+                )
+            if not real.is_file():
+                raise CatalogError("is not a regular file", where=str(path))
+            return path
+    names = entry_names(project)
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    listed = f"built-in: {', '.join(_names_in(builtin_catalog_dir())) or 'none'}"
+    if project is not None:
+        listed = f"{project}: {', '.join(_names_in(project)) or 'none'}; {listed}"
+    raise CatalogError(f"unknown catalog entry '{name}'{hint}; entries in {listed}")
+
+
+def load_entry(name: str, catalog_dir: Path | None = None) -> CatalogEntry:
+    """Entry `name` from the project's catalog (`catalog_dir`), else the built-in one."""
+    path = entry_path(name, catalog_dir)
+    entry = load_file(path)
+    builtin = builtin_catalog_dir() / f"{name}.yaml"
+    if not entry.builtin and builtin.is_file():
+        return dataclasses.replace(entry, overrides=builtin)
+    return entry
+
+
+def override_note(entry: CatalogEntry) -> str | None:
+    """One line saying a project entry hides the built-in one of that name, if it does."""
+    if entry.overrides is None:
+        return None
+    return f"catalog entry '{entry.name}' from {entry.path} overrides the built-in one"
 
 
 def load_file(path: Path) -> CatalogEntry:

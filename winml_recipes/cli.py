@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from winml_recipes.errors import WinmlError
+from winml_recipes.sdk.errors import WinmlError
 
 EXIT_USER = 2
 EXIT_INTERNAL = 1
@@ -51,7 +51,8 @@ target_options = [
         "--catalog",
         "catalog_dir",
         type=click.Path(path_type=Path, file_okay=False),
-        help="Catalog directory (default: ../catalog beside the recipe, $WINML_RECIPES_CATALOG).",
+        help="The project's catalog directory, searched before the built-in entries "
+        "(default: $WINML_RECIPES_CATALOG, ../catalog beside the recipe, ./catalog).",
     ),
     click.option(
         "--source",
@@ -136,16 +137,20 @@ def main(ctx: click.Context, debug: bool) -> None:
 def validate(recipes, device, precision, defines, catalog_dir, source) -> None:
     """Render, validate and plan recipes for every declared target (no downloads)."""
     from winml_recipes import api
+    from winml_recipes.catalog import override_note
 
     failed = 0
     for path in recipes:
         try:
             kwargs = _load_kwargs(device, precision, defines, catalog_dir, source)
-            targets = api.targets_of(path, **kwargs)
+            recipe = api.load(path, **kwargs)
+            targets = [(t.device, t.precision) for t in recipe.targets]
             for dev, prec in targets:
                 if device in (None, dev) and precision in (None, prec):
                     api.plan(path, fetch=False, **{**kwargs, "device": dev, "precision": prec})
             click.echo(f"ok: {path} ({', '.join(f'{d}/{p}' for d, p in targets)})")
+            if override_note(recipe.catalog):
+                click.echo(f"note: {override_note(recipe.catalog)}", err=True)
         except WinmlError as exc:
             failed += 1
             click.echo(f"error: {exc}", err=True)
@@ -228,14 +233,15 @@ def plan(recipe, device, precision, defines, catalog_dir, source, as_json) -> No
 @click.option(
     "--calibration-data",
     metavar="DATA",
-    help="With --onnx: real inputs to calibrate on: .npz files (a glob) or an image folder "
+    help="With --onnx: real inputs to calibrate on: .npz files (a glob), an image folder or a "
+    "datasets split saved with save_to_disk (DIR, or DIR:SPLIT for a DatasetDict) "
     "(default: seeded synthetic inputs).",
 )
 @click.option(
     "--eval-data",
     metavar="DATA",
-    help="With --onnx: held-out inputs to verify on (.npz glob or image folder); never the "
-    "calibration samples (default: seeded synthetic inputs).",
+    help="With --onnx: held-out inputs to verify on (.npz glob, image folder or saved datasets "
+    "split); never the calibration samples (default: seeded synthetic inputs).",
 )
 def build(
     recipe,
@@ -265,7 +271,7 @@ def build(
     Or build any local ONNX file from the presets: build --onnx model.onnx --device npu.
     """
     from winml_recipes import api
-    from winml_recipes.errors import RecipeError
+    from winml_recipes.sdk.errors import RecipeError
 
     if onnx_file is not None:
         from winml_recipes.authoring import parse_shapes
@@ -520,7 +526,7 @@ def _where_verified(metrics: dict[str, Any]) -> str:
 def passes(as_json) -> None:
     """List the registered passes (devices, precisions) and the execution providers this
     machine can load (QNN HTP for npu: `pip install onnxruntime-qnn`)."""
-    from winml_recipes.engine.registry import all_passes, describe_support
+    from winml_recipes.sdk.passes import all_passes, describe_support
 
     rows = []
     for name, cls in all_passes().items():
@@ -570,17 +576,22 @@ def catalog() -> None:
     """Browse the model catalog."""
 
 
-def _catalog_dir(path: Path | None) -> Path:
+def _catalog_dir(path: Path | None) -> Path | None:
     from winml_recipes.catalog import default_catalog_dir
 
     return path or default_catalog_dir()
 
 
 @catalog.command("list")
-@click.option("--catalog", "catalog_dir", type=click.Path(path_type=Path, file_okay=False))
+@click.option(
+    "--catalog",
+    "catalog_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="The project's catalog, listed with the built-in entries (default: ./catalog).",
+)
 @click.option("--json", "as_json", is_flag=True)
 def catalog_list(catalog_dir, as_json) -> None:
-    """List catalog entries."""
+    """List catalog entries: the built-in ones and the project's, and where each comes from."""
     from winml_recipes.catalog import entry_names, load_entry
 
     directory = _catalog_dir(catalog_dir)
@@ -588,13 +599,22 @@ def catalog_list(catalog_dir, as_json) -> None:
     if as_json:
         _echo_json(
             [
-                {"name": e.name, "task": e.data["task"], "components": list(e.components)}
+                {
+                    "name": e.name,
+                    "task": e.data["task"],
+                    "components": list(e.components),
+                    "path": str(e.path),
+                    "builtin": e.builtin,
+                    "overrides": str(e.overrides) if e.overrides else None,
+                }
                 for e in entries
             ]
         )
         return
     for e in entries:
-        click.echo(f"{e.name:<16} {e.data['task']:<22} {', '.join(e.components)}")
+        origin = "built-in" if e.builtin else str(e.path)
+        origin += " (overrides the built-in)" if e.overrides else ""
+        click.echo(f"{e.name:<16} {e.data['task']:<22} {', '.join(e.components):<44} {origin}")
 
 
 @catalog.command("show")
@@ -602,12 +622,14 @@ def catalog_list(catalog_dir, as_json) -> None:
 @click.option("--catalog", "catalog_dir", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--json", "as_json", is_flag=True)
 def catalog_show(name, catalog_dir, as_json) -> None:
-    """Show one catalog entry (validated)."""
+    """Show one catalog entry (validated); the project's entry when it overrides a built-in."""
     import yaml
 
-    from winml_recipes.catalog import load_entry
+    from winml_recipes.catalog import load_entry, override_note
 
     entry = load_entry(name, _catalog_dir(catalog_dir))
+    if override_note(entry):
+        click.echo(f"note: {override_note(entry)}", err=True)
     if as_json:
         _echo_json(entry.data)
     else:
@@ -738,7 +760,7 @@ def compare(
 
 
 def _pairs(items: tuple[str, ...], option: str) -> dict[str, str]:
-    from winml_recipes.errors import RecipeError
+    from winml_recipes.sdk.errors import RecipeError
 
     out = {}
     for item in items:
@@ -750,7 +772,7 @@ def _pairs(items: tuple[str, ...], option: str) -> dict[str, str]:
 
 
 def _numbers(text: str, sep: str, name: str, count: int | None = None) -> tuple[float, ...]:
-    from winml_recipes.errors import RecipeError
+    from winml_recipes.sdk.errors import RecipeError
 
     try:
         numbers = tuple(float(x) for x in text.split(sep))
@@ -780,10 +802,10 @@ def dequantize(model, output, check, as_json) -> None:
 
     MODEL is a local path or a Hub ONNX file (org/repo/path.onnx).
     """
-    from winml_recipes.errors import RecipeError
     from winml_recipes.hub import local_model_file
     from winml_recipes.onnx.io import load_model, save_model
     from winml_recipes.quant.dequantize import dequantize_model
+    from winml_recipes.sdk.errors import RecipeError
 
     shown, model = model, local_model_file(model)
 
@@ -823,16 +845,19 @@ def dequantize(model, output, check, as_json) -> None:
     show_default=True,
 )
 def init(model_ref, name, catalog_dir, recipes_dir) -> None:
-    """Write a starting catalog entry and recipe for a local or Hub ONNX file (never overwrites)."""
-    from winml_recipes.authoring import init_project
+    """Write a starting catalog entry, recipe and schemas in any folder (never overwrites).
+
+    MODEL_REF: a local .onnx or HF directory, a Hub ONNX file org/repo/path.onnx, or an HF
+    model id. Prints the commands that validate and build the project from here.
+    """
+    from winml_recipes.authoring import init_project, next_commands
 
     catalog_path, recipe_path = init_project(
         model_ref, name=name, catalog_dir=catalog_dir, recipes_dir=recipes_dir
     )
     click.echo(f"wrote {catalog_path}\nwrote {recipe_path}")
-    beside = recipe_path.parent.parent / "catalog"
-    flag = "" if beside.resolve() == catalog_dir.resolve() else f" --catalog {catalog_dir}"
-    click.echo(f"next: winml-recipes validate {recipe_path}{flag}")
+    for command in next_commands(catalog_path, recipe_path):
+        click.echo(f"next: {command}")
 
 
 @main.group()

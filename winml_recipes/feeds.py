@@ -1,7 +1,8 @@
 """Input feeds for calibration and verification, produced one sample at a time.
 
 Sources: synthetic data drawn from the catalog I/O contract (seeded), `.npz` files, a
-folder of images preprocessed as the contract says, or the outputs of another
+folder of images preprocessed as the contract says, a `datasets` split saved to disk
+(hfdata.py), or the outputs of another
 component's float model (`inputs_from`: the SAM 3 decoder sees real encoder embeddings).
 Every source is a zero-argument callable returning a fresh iterator, so calibration can
 stream over the samples twice without holding them.
@@ -18,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from winml_recipes.engine.types import UpstreamComponent
-from winml_recipes.errors import PassError, PlanError
-from winml_recipes.specs import IOContract, TensorSpec, resolve_shape
+from winml_recipes.images import preprocess_image
+from winml_recipes.sdk.contract import IOContract, TensorSpec, resolve_shape
+from winml_recipes.sdk.errors import PassError, PlanError
+from winml_recipes.sdk.types import UpstreamComponent
 
 Feed = dict[str, np.ndarray]
 FeedFactory = Callable[[], Iterator[Feed]]
@@ -250,21 +252,6 @@ def from_images(
     return gen
 
 
-def preprocess_image(path: Path, spec: TensorSpec) -> np.ndarray:
-    """Decode, resize (bilinear), scale to [0, 1], normalize, lay out, add a batch axis."""
-    from PIL import Image
-
-    assert spec.image is not None
-    pre = spec.image
-    with Image.open(path) as img:
-        rgb = img.convert("RGB").resize((pre.size[1], pre.size[0]), Image.Resampling.BILINEAR)
-    x = np.asarray(rgb, dtype=np.float32) / 255.0
-    x = (x - np.asarray(pre.mean, np.float32)) / np.asarray(pre.std, np.float32)
-    if pre.layout == "NCHW":
-        x = x.transpose(2, 0, 1)
-    return x[None].astype(np.dtype(spec.dtype))
-
-
 def from_upstream(
     up: UpstreamComponent,
     up_feeds: FeedFactory,
@@ -458,15 +445,27 @@ def feeds_for(
     for_calibration: bool = False,
     skip: int = 0,
 ) -> FeedFactory:
-    """The feed source described by calibration-style options (npz, images, inputs_from).
+    """The feed source described by calibration-style options (dataset, npz, images,
+    inputs_from).
 
-    `skip` leaves out the first samples of npz files and image folders (held-out data
+    `skip` leaves out the first samples of npz files, image folders and datasets (held-out data
     after the calibration samples); seeded sources differ by their seed instead.
 
     With `for_calibration`, an upstream component's inputs come from the float model its
     own calibration ran (whose outputs that calibration stored), else from its reference.
     """
     opts = dict(options or {})
+    if opts.get("dataset"):
+        from winml_recipes import hfdata
+
+        split = hfdata.open_split(opts["dataset"], base)
+        rows = hfdata.check_split(split, contract)
+        if skip and rows <= skip:
+            raise PlanError(
+                f"calibration.dataset: {rows} rows, all used for calibration; held-out "
+                f"scoring needs more (add rows beyond the first {skip}, or use another split)"
+            )
+        return lambda: hfdata.samples(split, contract, samples, skip)
     if opts.get("npz"):
         files = npz_files(opts["npz"], base)
         available = check_npz(files, contract)
@@ -504,7 +503,11 @@ def data_digest(options: Mapping[str, Any] | None, base: Path) -> dict[str, str]
 
     opts = dict(options or {})
     files: list[Path] = []
-    if opts.get("npz"):
+    if opts.get("dataset"):
+        from winml_recipes.hfdata import open_split
+
+        files = list(open_split(opts["dataset"], base).files)
+    elif opts.get("npz"):
         files = npz_files(opts["npz"], base)
     elif opts.get("images"):
         files = image_files(opts["images"], base)

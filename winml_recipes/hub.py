@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from winml_recipes.errors import SourceError
+from winml_recipes.sdk.errors import SourceError
 from winml_recipes.sources import (
     CatalogName,
     HfModelId,

@@ -16,9 +16,11 @@ from jinja2 import meta, nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from winml_recipes.catalog import CatalogEntry, default_catalog_dir, load_entry
-from winml_recipes.errors import CatalogError, RecipeError, WinmlError
-from winml_recipes.presets import Target, default_steps, devices, precisions, resolve_target
+from winml_recipes.data import PARTIALS, builtin_dir
+from winml_recipes.presets import default_steps, devices, precisions, resolve_target
 from winml_recipes.schemas import recipe_schema
+from winml_recipes.sdk.errors import CatalogError, RecipeError, WinmlError
+from winml_recipes.sdk.target import Target
 from winml_recipes.yamlfile import LoadedYaml, load_yaml, validate
 
 PARTIALS_DIR = "_partials"
@@ -267,36 +269,49 @@ class _UnsafeInclude(jinja2.TemplateNotFound):
         self.problem = problem
 
 
-class _PartialsLoader(jinja2.FileSystemLoader):
-    """Includes are regular files inside the partials folder, after resolving symlinks.
+class _PartialsLoader(jinja2.BaseLoader):
+    """Includes are regular files inside a partials folder, after resolving symlinks: the
+    recipe's own `_partials/` first, then the built-in partials (a name in both: the
+    project's).
 
     jinja2's FileSystemLoader refuses `..` in names but follows a symlink wherever it
-    points; a cloned recipe repository can carry such a link. Checked before reading.
+    points; a cloned recipe repository can carry such a link. Checked before reading, and
+    an unsafe file is an error, never a reason to fall back to the next folder.
     """
+
+    def __init__(self, roots: list[Path]) -> None:
+        self.roots = roots
 
     def get_source(self, environment, template):
         from jinja2.loaders import split_template_path
 
-        root = Path(self.searchpath[0])
-        try:
-            candidate = root.joinpath(*split_template_path(template))
-        except jinja2.TemplateNotFound:
-            raise
-        if candidate.exists() or candidate.is_symlink():
+        pieces = split_template_path(template)
+        for root in self.roots:
+            candidate = root.joinpath(*pieces)
+            if not (candidate.exists() or candidate.is_symlink()):
+                continue
             real, base = candidate.resolve(), root.resolve()
             if base not in real.parents:
                 raise _UnsafeInclude(template, "is a link that leaves the partials directory")
             if not real.is_file():
                 raise _UnsafeInclude(template, "is not a regular file")
-        try:
-            return super().get_source(environment, template)
-        except UnicodeDecodeError as exc:
-            raise _UnsafeInclude(template, f"is not UTF-8 text (byte {exc.start})") from None
+            try:
+                text = real.read_text(encoding="utf-8")
+            except UnicodeDecodeError as exc:
+                raise _UnsafeInclude(template, f"is not UTF-8 text (byte {exc.start})") from None
+            mtime = real.stat().st_mtime
+            return text, str(candidate), lambda f=real, t=mtime: f.stat().st_mtime == t
+        raise jinja2.TemplateNotFound(template)
+
+
+def partials_dirs(path: Path) -> list[Path]:
+    """Where a recipe's includes are looked up: its own `_partials/`, then the built-ins."""
+    return [path.parent / PARTIALS_DIR, builtin_dir(PARTIALS)]
 
 
 def _environment(path: Path) -> ImmutableSandboxedEnvironment:
     return _RecipeSandbox(
-        loader=_PartialsLoader(str(path.parent / PARTIALS_DIR), encoding="utf-8"),
+        loader=_PartialsLoader(partials_dirs(path)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
@@ -344,7 +359,7 @@ def render(path: Path, variables: dict[str, Any]) -> str:
         if problem:
             message = f"include '{exc.name}' {problem}; includes are file names inside {partials}"
         else:
-            message = f"include '{exc.name}' not found in {partials}"
+            message = f"include '{exc.name}' not found in {partials} or the built-in partials"
         raise RecipeError(message, where=f"{path}:{line}") from None
     except jinja2.exceptions.SecurityError as exc:
         line = _template_line(exc, str(path)) or 1
@@ -424,7 +439,7 @@ def _peek_model(source: str) -> tuple[str, int] | None:
     return match.group(1), source.count("\n", 0, match.start()) + 1
 
 
-def _load_catalog(name: str, catalog_dir: Path, where: str) -> CatalogEntry:
+def _load_catalog(name: str, catalog_dir: Path | None, where: str) -> CatalogEntry:
     """The recipe's catalog entry; an unknown name is reported at the recipe's `model:` line."""
     try:
         return load_entry(name, catalog_dir)
@@ -495,7 +510,7 @@ def _choose_source(
     path: Path,
 ) -> str | None:
     """The named catalog source to build from: --source, else the recipe's, else the first."""
-    from winml_recipes.errors import check_known
+    from winml_recipes.sdk.errors import check_known
 
     names = catalog.source_names
     name = requested or declared
@@ -565,8 +580,9 @@ def source_location(where: str, rendered: str, path: Path) -> str:
         return where
     text = rendered_lines[line - 1].strip()
     candidates = [(path, i + 1) for i, s in enumerate(source_lines) if s.strip() == text]
-    partials = path.parent / PARTIALS_DIR
-    if not candidates and partials.is_dir():
+    for partials in partials_dirs(path) if not candidates else []:
+        if not partials.is_dir():
+            continue
         base = partials.resolve()
         for partial in sorted(partials.rglob("*")):
             # the same rule as includes: regular files inside the partials, links resolved

@@ -1,8 +1,9 @@
 """JSON Schemas: the recipe schema (composed from every registered pass), catalog, manifest.
 
-The Python definitions here are the source of truth; `winml-recipes schema --write`
-(`make schema`) writes them to schemas/*.json for editors, and a test fails when the
-committed files are stale.
+The Python definitions here are the source of truth; `make schema` writes them to
+schemas/*.json (for editors in this repository) and winml_recipes/data/schemas/*.json (the
+package's copy, which the built-in catalog entries point at), and a test fails when either
+is stale. `init` writes them into a new project.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def _dims_schema() -> dict[str, Any]:
 
 def recipe_schema() -> dict[str, Any]:
     """The recipe schema with each registered pass's options composed in."""
-    from winml_recipes.engine.registry import all_passes
+    from winml_recipes.sdk.passes import all_passes
 
     passes = all_passes()
     options_defs: dict[str, Any] = {}
@@ -191,6 +192,12 @@ def _tensor_schema(output: bool) -> dict[str, Any]:
     }
 
 
+def _exporter_families() -> list[str]:
+    from winml_recipes.exporters import families
+
+    return list(families())
+
+
 def catalog_schema() -> dict[str, Any]:
     source = {
         "type": "object",
@@ -260,7 +267,7 @@ def catalog_schema() -> dict[str, Any]:
             "description": {"type": "string"},
             "homepage": {"type": "string"},
             "family": {
-                "enum": ["sam3_tracker", "auto"],
+                "enum": _exporter_families(),
                 "description": "Exporter family for sources that are not ONNX yet.",
             },
             "components": {

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from winml_recipes.errors import SourceError
+from winml_recipes.sdk.errors import SourceError
 
 _DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

@@ -10,7 +10,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from winml_recipes.errors import WinmlError
+from winml_recipes.sdk.errors import WinmlError
 
 JsonPath = tuple[str | int, ...]
 

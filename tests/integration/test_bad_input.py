@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from tests.conftest import CATALOG, MLP_CATALOG, RECIPES, cli, known_names, make_mlp_onnx
+from tests.conftest import MLP_CATALOG, RECIPES, cli, known_names, make_mlp_onnx
 from winml_recipes.engine.cache import LOCKS
 from winml_recipes.onnx.io import file_sha256
 from winml_recipes.presets import precisions
@@ -59,9 +58,9 @@ class Project:
 
 @pytest.fixture
 def proj(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Project:
-    """tmp/catalog (the repo's entries + mlp.yaml around a tiny onnx.helper MLP), tmp/recipes,
-    an output root and a cache of its own."""
-    shutil.copytree(CATALOG, tmp_path / "catalog")
+    """tmp/catalog (mlp.yaml around a tiny onnx.helper MLP, beside the built-in entries),
+    tmp/recipes, an output root and a cache of its own."""
+    (tmp_path / "catalog").mkdir()
     make_mlp_onnx(tmp_path / "catalog" / "mlp.onnx")
     (tmp_path / "catalog" / "mlp.yaml").write_text(MLP_CATALOG.format(ref="./mlp.onnx"))
     (tmp_path / "recipes" / "_partials").mkdir(parents=True)
@@ -167,7 +166,7 @@ BAD_RECIPES = [
     pytest.param(
         HEAD.replace("model: mlp", "model: mpl"),
         r"{path}:4: \$\.model: unknown catalog entry 'mpl' \(did you mean 'mlp'\?\); "
-        r"entries in {catalog}: mlp, sam3, sam3-mid, sam3-tiny",
+        r"entries in {catalog}: mlp; built-in: sam3, sam3-mid, sam3-tiny",
         id="unknown-catalog-entry",
     ),
     pytest.param(
@@ -482,8 +481,8 @@ import sys
 import time
 from pathlib import Path
 
-from winml_recipes.engine.registry import Pass, model_file, register
-from winml_recipes.engine.types import StepResult
+from winml_recipes.sdk.passes import Pass, model_file, register
+from winml_recipes.sdk.types import StepResult
 
 
 @register

@@ -32,9 +32,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import REPO as REPO_ROOT
 from tests.hubserver import LocalHub, local_hub, point_hf_at  # noqa: F401  (fixture)
-from winml_recipes.errors import SourceError
 from winml_recipes.hub import HubEntry, SidecarWarning, download_onnx, list_onnx
 from winml_recipes.onnx.io import load_model
+from winml_recipes.sdk.errors import SourceError
 from winml_recipes.sources import HubOnnx, classify
 
 REPO = "onnx-community/sam3-tracker-ONNX"
@@ -301,7 +301,7 @@ def test_offline_in_a_fresh_process(hub: LocalHub, tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import json
-        from winml_recipes.errors import SourceError
+        from winml_recipes.sdk.errors import SourceError
         from winml_recipes.hub import download_onnx
         from winml_recipes.sources import classify
         f = download_onnx(classify("{REPO}/{VISION}"))

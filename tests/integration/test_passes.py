@@ -98,8 +98,8 @@ def test_verify_checks_output_shapes_against_contract(tmp_path) -> None:
 
 PLUGIN = """
 from pathlib import Path
-from winml_recipes.engine.registry import Pass
-from winml_recipes.engine.types import StepResult
+from winml_recipes.sdk.passes import Pass
+from winml_recipes.sdk.types import StepResult
 
 class NpuOnly(Pass):
     name = "npu_only"
@@ -127,7 +127,7 @@ def plugin_on_path(tmp_path, monkeypatch):
         "[winml_recipes.passes]\nnpu_only = npu_plugin_pkg:NpuOnly\n"
     )
     monkeypatch.syspath_prepend(str(site))
-    from winml_recipes.engine import registry
+    from winml_recipes.sdk import passes as registry
 
     saved = dict(registry._REGISTRY)
     monkeypatch.setattr(registry, "_loaded", False)

@@ -19,10 +19,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import cli_subprocess
 from winml_recipes import api
-from winml_recipes.errors import ExecutionProviderError, PassError
 from winml_recipes.onnx.metrics import compare_runs
 from winml_recipes.runtime.providers import availability
 from winml_recipes.runtime.sessions import open_session, run_model
+from winml_recipes.sdk.errors import ExecutionProviderError, PassError
 
 # onnxruntime-qnn ships wheels for Windows and Linux x86_64 only (pyproject's `qnn` extra);
 # on those platforms `make install` installs it and every test here must run.

@@ -12,8 +12,8 @@ import yaml
 
 from tests.conftest import CATALOG, RECIPES, sqnr_against_float_sam3
 from winml_recipes import api
-from winml_recipes.errors import PlanError
 from winml_recipes.onnx.quant import detect_quantization
+from winml_recipes.sdk.errors import PlanError
 
 COMPONENTS = ("vision_encoder", "prompt_encoder_mask_decoder")
 

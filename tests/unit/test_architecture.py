@@ -84,3 +84,56 @@ def test_no_import_cycles() -> None:
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
+
+
+def test_the_sdk_imports_nothing_else_from_the_package() -> None:
+    """Passes (ours and third parties') build on winml_recipes.sdk alone: it sits at the
+    bottom of the import graph, so an engine change can never make a plugin import cycle."""
+    modules = _modules()
+    sdk = {name: path for name, path in modules.items() if name.startswith("winml_recipes.sdk")}
+    assert "winml_recipes.sdk.passes" in sdk  # the test looks at the real package
+    outside = {
+        name: sorted(m for m in _imports(path, modules) if not m.startswith("winml_recipes.sdk"))
+        for name, path in sdk.items()
+    }
+    assert {n: m for n, m in outside.items() if m} == {}
+
+
+def _string_literals(path: Path) -> list[str]:
+    """Every string constant of a module (f-string parts included), docstrings left out."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if id(node) not in docstrings
+    ]
+
+
+def test_the_engine_names_no_pass() -> None:
+    """Passes are plugins: the engine acts on what they declare, never on their names (a
+    command line the engine suggests, `winml-recipes ...`, is not a pass). resolve.py is left
+    out: its "export" is a source kind, recorded as such in manifests."""
+    import re
+
+    from winml_recipes.sdk.passes import all_passes
+
+    names = sorted(all_passes())
+    assert {"quantize", "dequantize", "export", "verify"} <= set(names)
+    word = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
+    found = {
+        f"{path.name}: {text!r}"
+        for path in sorted((PACKAGE / "engine").glob("*.py"))
+        if path.name != "resolve.py"
+        for text in _string_literals(path)
+        if word.search(text) and not text.startswith("winml-recipes ")
+    }
+    assert found == set()

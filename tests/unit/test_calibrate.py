@@ -15,7 +15,6 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.calibrate import MinMaxCalibrater, load_tensors_data
 
-from winml_recipes.errors import PassError
 from winml_recipes.quant.calibrate import (
     CalibrationSettings,
     calibrate,
@@ -23,6 +22,7 @@ from winml_recipes.quant.calibrate import (
     tensors_to_calibrate,
     write_ort_cache,
 )
+from winml_recipes.sdk.errors import PassError
 
 # onnx 1.23 writes IR 14 by default; onnxruntime 1.31 reads up to IR 13.
 IR_VERSION = 10

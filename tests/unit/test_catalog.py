@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import textwrap
 from pathlib import Path
 
@@ -12,13 +11,15 @@ import pytest
 from tests.conftest import CATALOG, cli
 from winml_recipes.catalog import (
     CATALOG_ENV,
+    builtin_catalog_dir,
     default_catalog_dir,
     entry_names,
     load_entry,
     load_file,
+    override_note,
 )
-from winml_recipes.errors import CatalogError
-from winml_recipes.specs import TensorSpec
+from winml_recipes.sdk.contract import TensorSpec
+from winml_recipes.sdk.errors import CatalogError
 
 GOOD = """\
 schema_version: 1
@@ -35,6 +36,9 @@ components:
     outputs:
       y: {dtype: float32, shape: [batch, 3]}
 """
+
+
+BUILTIN = "; built-in: sam3, sam3-mid, sam3-tiny"
 
 
 def write(directory: Path, name: str, text: str) -> Path:
@@ -106,13 +110,14 @@ def test_unknown_entry_did_you_mean(tmp_path: Path) -> None:
     write(tmp_path, "tiny", GOOD)
     assert error_of(tmp_path, "tinny") == (
         f"unknown catalog entry 'tinny' (did you mean 'tiny'?); entries in {tmp_path}: tiny"
+        f"{BUILTIN}"
     )
 
 
 def test_unknown_entry_without_close_match(tmp_path: Path) -> None:
     write(tmp_path, "tiny", GOOD)
     assert error_of(tmp_path, "bert") == (
-        f"unknown catalog entry 'bert'; entries in {tmp_path}: tiny"
+        f"unknown catalog entry 'bert'; entries in {tmp_path}: tiny{BUILTIN}"
     )
 
 
@@ -270,25 +275,80 @@ def test_load_file_directly(tmp_path: Path) -> None:
 def test_default_catalog_dir(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "catalog").mkdir()
     (tmp_path / "recipes").mkdir()
+    (tmp_path / "elsewhere").mkdir()
     recipe = tmp_path / "recipes" / "r.yaml"
     monkeypatch.delenv(CATALOG_ENV, raising=False)
+    monkeypatch.chdir(tmp_path / "elsewhere")
     assert default_catalog_dir(recipe) == tmp_path / "catalog"
+    # no catalog beside the recipe nor in the working folder: the built-ins alone
+    assert default_catalog_dir(tmp_path / "a" / "b" / "r.yaml") is None
+    monkeypatch.chdir(tmp_path)
     assert default_catalog_dir(tmp_path / "a" / "b" / "r.yaml") == Path("catalog")
     monkeypatch.setenv(CATALOG_ENV, str(tmp_path / "env"))
     assert default_catalog_dir(recipe) == tmp_path / "env"
 
 
-def test_cli_catalog_list_and_show(tmp_path: Path) -> None:
-    shutil.copytree(CATALOG, tmp_path, dirs_exist_ok=True)
+def test_builtin_entries_need_no_catalog_dir(tmp_path: Path, monkeypatch) -> None:
+    """The built-in catalog ships inside the package: found from any folder."""
+    monkeypatch.chdir(tmp_path)
+    assert entry_names() == ["sam3", "sam3-mid", "sam3-tiny"]
+    tiny = load_entry("sam3-tiny")
+    assert tiny.builtin and tiny.overrides is None
+    assert tiny.path == builtin_catalog_dir() / "sam3-tiny.yaml"
+    assert "winml_recipes" in tiny.path.parts  # not this repository's top level
+    with pytest.raises(CatalogError) as exc:
+        load_entry("sam3-tinny")
+    assert str(exc.value) == (
+        "unknown catalog entry 'sam3-tinny' (did you mean 'sam3-tiny'?); entries in "
+        "built-in: sam3, sam3-mid, sam3-tiny"
+    )
+
+
+def test_project_entry_adds_to_and_overrides_the_builtins(tmp_path: Path) -> None:
     write(tmp_path, "tiny", GOOD)
+    write(tmp_path, "sam3-tiny", GOOD.replace("name: tiny", "name: sam3-tiny"))
+    assert entry_names(tmp_path) == ["sam3", "sam3-mid", "sam3-tiny", "tiny"]
+    mine = load_entry("sam3-tiny", tmp_path)
+    assert list(mine.components) == ["encoder"]  # the project's, not the built-in tracker
+    assert mine.overrides == builtin_catalog_dir() / "sam3-tiny.yaml"
+    assert override_note(mine) == (
+        f"catalog entry 'sam3-tiny' from {tmp_path / 'sam3-tiny.yaml'} overrides the built-in one"
+    )
+    assert override_note(load_entry("tiny", tmp_path)) is None  # added, hides nothing
+    assert load_entry("sam3", tmp_path).builtin  # the other built-ins stay available
+    # the built-in folder given as --catalog is not a project overriding itself
+    assert load_entry("sam3-tiny", builtin_catalog_dir()).overrides is None
+
+
+def test_cli_catalog_list_and_show(tmp_path: Path) -> None:
+    write(tmp_path, "tiny", GOOD)
+    write(tmp_path, "sam3", GOOD.replace("name: tiny", "name: sam3"))
     result = cli("catalog", "list", "--catalog", tmp_path, "--json")
     assert result.exit_code == 0, result.stderr
-    rows = json.loads(result.stdout)
-    assert [r["name"] for r in rows] == ["sam3", "sam3-mid", "sam3-tiny", "tiny"]
-    assert rows[3] == {"name": "tiny", "task": "feature-extraction", "components": ["encoder"]}
+    rows = {r["name"]: r for r in json.loads(result.stdout)}
+    assert list(rows) == ["sam3", "sam3-mid", "sam3-tiny", "tiny"]
+    assert rows["tiny"] == {
+        "name": "tiny",
+        "task": "feature-extraction",
+        "components": ["encoder"],
+        "path": str(tmp_path / "tiny.yaml"),
+        "builtin": False,
+        "overrides": None,
+    }
+    assert rows["sam3"]["overrides"] == str(builtin_catalog_dir() / "sam3.yaml")
+    assert rows["sam3-tiny"]["builtin"] and rows["sam3-tiny"]["overrides"] is None
+    lines = cli("catalog", "list", "--catalog", tmp_path).stdout.splitlines()
+    assert lines[0].startswith("sam3 ") and lines[0].endswith(
+        f"{tmp_path / 'sam3.yaml'} (overrides the built-in)"
+    )
+    assert lines[2].startswith("sam3-tiny ") and lines[2].endswith(" built-in")
     shown = cli("catalog", "show", "tiny", "--catalog", tmp_path, "--json")
     assert shown.exit_code == 0
     assert json.loads(shown.stdout)["components"]["encoder"]["dims"] == {"batch": 2}
+    shown = cli("catalog", "show", "sam3", "--catalog", tmp_path)
+    assert shown.stderr == f"note: catalog entry 'sam3' from {tmp_path / 'sam3.yaml'} " + (
+        "overrides the built-in one\n"
+    )
 
 
 def test_cli_catalog_show_unknown(tmp_path: Path) -> None:
@@ -297,7 +357,8 @@ def test_cli_catalog_show_unknown(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert result.stdout == ""
     assert result.stderr == (
-        f"error: unknown catalog entry 'tiy' (did you mean 'tiny'?); entries in {tmp_path}: tiny\n"
+        f"error: unknown catalog entry 'tiy' (did you mean 'tiny'?); entries in {tmp_path}: tiny"
+        f"{BUILTIN}\n"
     )
 
 

@@ -49,7 +49,7 @@ def test_digest_follows_imported_modules_only(package: Path) -> None:
 
 
 def test_builtin_passes_have_distinct_digests() -> None:
-    from winml_recipes.engine.registry import all_passes
+    from winml_recipes.sdk.passes import all_passes
 
     digests = {name: cd.code_digest(cls) for name, cls in all_passes().items()}
     assert len(set(digests.values())) == len(digests)

@@ -20,11 +20,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import make_mlp_onnx
-from winml_recipes.errors import PassError
 from winml_recipes.onnx.metrics import compare_runs
 from winml_recipes.onnx.quant import detect_quantization
 from winml_recipes.quant.dequantize import QUANT_OPS, DequantizeReport, dequantize_model
 from winml_recipes.runtime.sessions import run_model
+from winml_recipes.sdk.errors import PassError
 
 IR_VERSION = 10  # onnxruntime 1.31 reads up to IR 13; onnx 1.23 writes 14 by default
 MS = "com.microsoft"

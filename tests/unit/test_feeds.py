@@ -9,8 +9,6 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from winml_recipes.engine.types import UpstreamComponent
-from winml_recipes.errors import PassError, PlanError
 from winml_recipes.feeds import (
     check_npz,
     data_digest,
@@ -24,7 +22,9 @@ from winml_recipes.feeds import (
     synthetic,
     take,
 )
-from winml_recipes.specs import ImagePreprocess, IOContract, TensorSpec
+from winml_recipes.sdk.contract import ImagePreprocess, IOContract, TensorSpec
+from winml_recipes.sdk.errors import PassError, PlanError
+from winml_recipes.sdk.types import UpstreamComponent
 
 X = TensorSpec("x", "float32", ("batch", 4), (-1.0, 1.0))
 MASK = TensorSpec("mask", "int64", ("batch", 3), values=(0.0, 1.0))

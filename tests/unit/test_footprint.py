@@ -9,14 +9,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from winml_recipes.engine.budget import (
-    MemoryEstimate,
-    check_fits,
-    parse_budget,
-    resolve_budget,
-)
-from winml_recipes.errors import MemoryBudgetError, RecipeError
+from winml_recipes.engine.budget import check_fits, parse_budget, resolve_budget
 from winml_recipes.onnx.footprint import footprint
+from winml_recipes.sdk.errors import MemoryBudgetError, RecipeError
+from winml_recipes.sdk.estimates import MemoryEstimate
 
 
 def _chain(path: Path, width: int = 1000) -> Path:

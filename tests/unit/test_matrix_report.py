@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from winml_recipes.errors import RecipeError
 from winml_recipes.exec.matrix import MatrixReport, parse_targets
 from winml_recipes.exec.task import TargetOutcome
+from winml_recipes.sdk.errors import RecipeError
 
 
 def _outcome(status: str, code: int = 0, **kw) -> TargetOutcome:

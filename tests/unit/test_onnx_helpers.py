@@ -12,14 +12,14 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from winml_recipes.errors import CatalogError, ModelFileError
 from winml_recipes.onnx.digest import graph_digest, graph_fingerprint
 from winml_recipes.onnx.inputs import make_inputs, specs_from_model
 from winml_recipes.onnx.metrics import SQNR_CAP_DB, compare_outputs, compare_runs
 from winml_recipes.onnx.quant import detect_quantization
 from winml_recipes.onnx.stamp import STAMP_KEY, is_normalized, read_stamp, write_stamp
 from winml_recipes.runtime.sessions import run_model, session_options
-from winml_recipes.specs import TensorSpec
+from winml_recipes.sdk.contract import TensorSpec
+from winml_recipes.sdk.errors import CatalogError, ModelFileError
 
 # onnx 1.23 writes IR 14 by default; onnxruntime 1.31 reads up to IR 13.
 IR_VERSION = 10

@@ -6,18 +6,21 @@ from __future__ import annotations
 import jsonschema
 import pytest
 
-from winml_recipes.errors import PlanError
-from winml_recipes.presets import Target, default_precision, devices, precisions
+from winml_recipes.presets import default_precision, devices, precisions
 from winml_recipes.quant.config import (
     QUANTIZE_OPTIONS_SCHEMA,
     CalibrationConfig,
     QuantConfig,
+    QuantizeOptions,
     resolve,
 )
+from winml_recipes.sdk.config import build_config
+from winml_recipes.sdk.errors import PlanError
+from winml_recipes.sdk.target import Target
 
 
 def cfg(device: str, precision: str, **options) -> QuantConfig:
-    return resolve(options, Target(device, precision))
+    return resolve(build_config(QuantizeOptions, options), Target(device, precision))
 
 
 def refused(device: str, precision: str, **options) -> str:
@@ -44,7 +47,7 @@ def test_precision_sets_the_types(device, precision, activation, weight) -> None
 
 def test_npu_preset_is_static_qdq_with_qnn_rules() -> None:
     c = cfg("npu", "uint8")
-    assert (c.mode, c.format, c.qnn, c.per_channel) == ("static", "qdq", True, False)
+    assert (c.mode, c.format, c.qnn, c.per_channel) == ("static", "qdq", True, True)
     assert c.calibration == CalibrationConfig()
     assert (c.calibration.method, c.calibration.samples, c.calibration.seed) == ("minmax", 16, 0)
 

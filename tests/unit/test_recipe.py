@@ -8,15 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CATALOG, RECIPES, known_names
-from winml_recipes.errors import PlanError, RecipeError, WinmlError
-from winml_recipes.presets import Target, default_steps, precisions
+from tests.conftest import CATALOG, PARTIALS, RECIPES, known_names
+from winml_recipes.presets import default_steps, precisions
 from winml_recipes.recipe import (
     Step,
     load_recipe,
     parse_defines,
     used_variables,
 )
+from winml_recipes.sdk.errors import PlanError, RecipeError, WinmlError
+from winml_recipes.sdk.target import Target
 
 CATALOG_TEXT = """\
 schema_version: 1
@@ -165,7 +166,7 @@ def test_includes_from_partials(project: Path) -> None:
 def test_repo_recipe_includes_exist(recipe: Path) -> None:
     names = re.findall(r"{%-?\s*include\s+[\"']([^\"']+)[\"']", recipe.read_text())
     for name in names:
-        assert (RECIPES / "_partials" / name).is_file(), name
+        assert (PARTIALS / name).is_file(), name
     assert used_variables(recipe) is not None
 
 
@@ -387,7 +388,22 @@ def test_include_outside_partials(project: Path, name: str, problem: str) -> Non
 def test_include_missing(project: Path) -> None:
     path = write(project, HEAD + "\n{% include 'nope.yaml' %}\n")
     partials = project / "recipes" / "_partials"
-    assert error(path) == f"{path}:8: include 'nope.yaml' not found in {partials}"
+    assert error(path) == (
+        f"{path}:8: include 'nope.yaml' not found in {partials} or the built-in partials"
+    )
+
+
+def test_builtin_partials_are_available_and_a_project_partial_overrides_one(
+    project: Path,
+) -> None:
+    """Partials ship inside the package: a recipe anywhere includes them; the recipe's own
+    _partials/ file of the same name wins."""
+    recipe = HEAD + "steps:\n  - verify: {% include 'verify-float.yaml' %}\n"
+    path = write(project, recipe)
+    builtin = load_recipe(path).components["decoder"][0].options
+    assert builtin == {"min_sqnr_db": 60, "min_cosine": 0.9999, "samples": 2}
+    (project / "recipes" / "_partials" / "verify-float.yaml").write_text("{samples: 7}\n")
+    assert load_recipe(path).components["decoder"][0].options == {"samples": 7}
 
 
 # --- YAML and schema errors ----------------------------------------------------------------
@@ -621,7 +637,7 @@ def test_unknown_catalog_entry(project: Path) -> None:
     path = write(project, HEAD.replace("model: tiny", "model: tinny"))
     assert error(path) == (
         f"{path}:3: $.model: unknown catalog entry 'tinny' (did you mean 'tiny'?); entries in "
-        f"{project / 'catalog'}: tiny"
+        f"{project / 'catalog'}: tiny; built-in: sam3, sam3-mid, sam3-tiny"
     )
 
 
@@ -629,7 +645,7 @@ def test_templated_unknown_catalog_entry(project: Path) -> None:
     path = write(project, HEAD.replace("model: tiny", "model: '{{ m }}'"))
     assert error(path, defines={"m": "tinny"}) == (
         f"{path}:3: $.model: unknown catalog entry 'tinny' (did you mean 'tiny'?); entries in "
-        f"{project / 'catalog'}: tiny"
+        f"{project / 'catalog'}: tiny; built-in: sam3, sam3-mid, sam3-tiny"
     )
 
 
@@ -782,7 +798,7 @@ def test_named_sources_pick_and_refuse() -> None:
 
 def test_a_component_has_source_or_sources_not_both(tmp_path: Path) -> None:
     from winml_recipes.catalog import load_entry
-    from winml_recipes.errors import CatalogError
+    from winml_recipes.sdk.errors import CatalogError
 
     text = (CATALOG / "sam3.yaml").read_text()
     both = text.replace(

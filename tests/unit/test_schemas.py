@@ -6,16 +6,18 @@ import json
 
 import jsonschema
 
-from tests.conftest import CATALOG, RECIPES, REPO
+from tests.conftest import CATALOG, DATA, RECIPES, REPO
 from winml_recipes import schemas
-from winml_recipes.engine.registry import all_passes
+from winml_recipes.sdk.passes import all_passes
 
 
 def test_committed_schemas_are_fresh() -> None:
-    for name in schemas.SCHEMAS:
-        committed = (REPO / "schemas" / f"{name}.schema.json").read_text()
-        stale = f"schemas/{name}.schema.json is stale: run make schema"
-        assert committed == schemas.render(name), stale
+    """Both copies: the package's (shipped in the wheel) and the repo's (for its editors)."""
+    for folder in (REPO / "schemas", DATA / "schemas"):
+        for name in schemas.SCHEMAS:
+            committed = (folder / f"{name}.schema.json").read_text()
+            stale = f"{folder}/{name}.schema.json is stale: run make schema"
+            assert committed == schemas.render(name), stale
 
 
 def test_schemas_are_valid_2020_12() -> None:
@@ -50,10 +52,14 @@ def test_recipe_schema_composes_every_pass() -> None:
 
 
 def test_recipes_and_catalog_point_editors_at_the_schemas() -> None:
-    for path in RECIPES.glob("*.yaml"):
-        assert "$schema=../schemas/recipe.schema.json" in path.read_text().splitlines()[0]
-    for path in CATALOG.glob("*.yaml"):
-        assert "$schema=../schemas/catalog.schema.json" in path.read_text().splitlines()[0]
+    """The repo's recipes at schemas/, the built-in catalog at the package's copy."""
+    pairs = [(p, "recipe") for p in RECIPES.glob("*.yaml")]
+    pairs += [(p, "catalog") for p in CATALOG.glob("*.yaml")]
+    assert len(pairs) >= 6
+    for path, kind in pairs:
+        first = path.read_text().splitlines()[0]
+        assert f"$schema=../schemas/{kind}.schema.json" in first, path
+        assert (path.parent / f"../schemas/{kind}.schema.json").resolve().is_file(), path
 
 
 def test_schema_cli_prints_json() -> None:

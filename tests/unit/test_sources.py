@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from winml_recipes.errors import SourceError
+from winml_recipes.sdk.errors import SourceError
 from winml_recipes.sources import (
     CatalogName,
     HfModelId,

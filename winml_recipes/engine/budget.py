@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from winml_recipes.errors import MemoryBudgetError, RecipeError
-from winml_recipes.presets import Target
-from winml_recipes.specs import IOContract, resolve_shape
+from winml_recipes.sdk.contract import IOContract, resolve_shape
+from winml_recipes.sdk.errors import MemoryBudgetError, RecipeError
+from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
 
 BUDGET_ENV = "WINML_RECIPES_MEMORY_BUDGET"
 HEADROOM_MB = 2048
@@ -33,25 +31,6 @@ SESSION_WEIGHT_FACTOR = 2.0
 REWRITE_WEIGHT_FACTOR = 4.0
 # onnxruntime's arena rounds allocations up; activations take up to this much more.
 ARENA_FACTOR = 1.25
-
-
-@dataclass(frozen=True)
-class EstimateInputs:
-    """What a pass's memory estimate may read besides its input model."""
-
-    target: Target
-    contract: IOContract
-    reference: Path | None = None  # the component's float reference model
-    upstream: Mapping[str, tuple[Path, IOContract]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """A step's expected peak resident memory, what it is made of and how to lower it."""
-
-    mb: float
-    made_of: str
-    lower_by: str = ""
 
 
 def total_memory_mb() -> float:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from winml_recipes.errors import BuildLockedError
+from winml_recipes.sdk.errors import BuildLockedError
 
 POLL_SECONDS = 0.2
 

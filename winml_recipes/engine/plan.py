@@ -6,13 +6,17 @@ import difflib
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from winml_recipes.engine.registry import Pass, describe_support, get_pass
 from winml_recipes.engine.resolve import resolve_source, source_facts
-from winml_recipes.engine.types import ModelFacts, PlanContext, Source
-from winml_recipes.errors import PlanError, WinmlError
-from winml_recipes.presets import Target
 from winml_recipes.recipe import Recipe
-from winml_recipes.specs import IOContract
+from winml_recipes.sdk.contract import IOContract
+from winml_recipes.sdk.errors import PlanError, WinmlError
+from winml_recipes.sdk.passes import Pass, describe_support, get_pass, pass_making
+from winml_recipes.sdk.target import Target
+from winml_recipes.sdk.types import ModelFacts, PlanContext, Source
+
+# The standalone command (cli.py) that rewrites a quantized file into float; a command, not
+# a pass: the passes a hint names come from what they declare (`Pass.makes`).
+DEQUANTIZE_COMMAND = "winml-recipes dequantize"
 
 
 @dataclass
@@ -20,7 +24,8 @@ class PlannedStep:
     index: int
     name: str
     impl: Pass
-    options: dict[str, Any]
+    options: dict[str, Any]  # as the recipe gives them, with the defaults filled in
+    config: Any  # the pass's typed config built from them (what the pass receives)
     skip: str | None
     facts_in: ModelFacts
     line: int = 0
@@ -38,7 +43,7 @@ class ComponentPlan:
     def depends_on(self) -> tuple[str, ...]:
         out: list[str] = []
         for s in self.steps:
-            out += [d for d in s.impl.depends_on(s.options) if d not in out]
+            out += [d for d in s.impl.depends_on(s.config) if d not in out]
         return tuple(out)
 
 
@@ -56,7 +61,7 @@ class Plan:
             for c in self.components
             for s in c.steps
             if not s.skip
-            for dep in s.impl.depends_on(s.options)
+            for dep in s.impl.depends_on(s.config)
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -126,7 +131,8 @@ def _plan_component(
                     f"{target.precision} (devices: {devs}; precisions: {precs})"
                 )
             options = with_defaults(impl, step.options)
-            impl.check(options, pctx)
+            config = impl.make_config(options)
+            impl.check(config, pctx)
             # Declared constraints, the same for every pass (the planner names none).
             if impl.once_per_component and step.name in seen:
                 raise PlanError(f"{cname}: two {step.name} steps; keep one (once per component)")
@@ -134,21 +140,21 @@ def _plan_component(
             if impl.needs_float_input and facts.quantized and not step.from_presets:
                 raise PlanError(
                     f"{cname}: {step.name} on an already-quantized model "
-                    f"({facts.quant_summary}); add a dequantize step before it"
+                    f"({facts.quant_summary}); add a {pass_making('float')} step before it"
                 )
         except WinmlError as exc:
             raise PlanError(exc.message, where=exc.where or where) from None
-        skip = impl.skip_reason(facts, options, target)
-        plan.steps.append(PlannedStep(i, step.name, impl, options, skip, facts, step.line))
+        skip = impl.skip_reason(facts, config, target)
+        plan.steps.append(PlannedStep(i, step.name, impl, options, config, skip, facts, step.line))
         if skip is None:
-            facts = impl.facts_after(facts, options)
+            facts = impl.facts_after(facts, config)
     mismatch = _precision_mismatch(facts, target)
     if mismatch:
         raise PlanError(f"{cname}: {mismatch}", where=str(recipe.path))
     if not facts.is_onnx:
         raise PlanError(
             f"{cname}: source {source.ref} is not ONNX and no step exports it; "
-            "add 'export' as the first step",
+            f"add '{pass_making('onnx')}' as the first step",
             where=str(recipe.path),
         )
     return plan
@@ -182,8 +188,9 @@ def _precision_mismatch(facts: ModelFacts, target) -> str | None:
     other = f", or build the precision it has (--precision {matching[0]})" if matching else ""
     return (
         f"the output would stay as quantized as the source ({have}), but target "
-        f"{target.device}/{target.precision} asks for {asks}; add a dequantize step before "
-        f"quantize to requantize it (or run `winml-recipes dequantize` on the file first){other}"
+        f"{target.device}/{target.precision} asks for {asks}; add a {pass_making('float')} step "
+        f"before {pass_making('integer')} to requantize it (or run `{DEQUANTIZE_COMMAND}` on "
+        f"the file first){other}"
     )
 
 

@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 
 from winml_recipes.catalog import CatalogEntry, Component
-from winml_recipes.engine.types import ModelFacts, Source
-from winml_recipes.errors import SourceError
+from winml_recipes.exporters import families
+from winml_recipes.sdk.errors import SourceError
+from winml_recipes.sdk.types import ModelFacts, Source
 from winml_recipes.sources import CatalogName, HfModelId, HubOnnx, LocalHfDir, LocalOnnx, classify
 
 
@@ -110,13 +111,15 @@ def _hub_commit(ref: HfModelId, where: str) -> str:
 def _family(entry: CatalogEntry, where: str) -> str:
     if not entry.family:
         raise SourceError(
-            "exporting needs 'family' in the catalog entry (sam3_tracker, auto)", where=where
+            f"exporting needs 'family' in the catalog entry ({', '.join(families())})",
+            where=where,
         )
     return entry.family
 
 
 def _export_component(family: str, component: str) -> str:
-    return "model" if family == "auto" else component
+    """The exporter component a catalog component of this family exports as."""
+    return families()[family].component_for(component)
 
 
 def _spec_digest(value: object) -> str:

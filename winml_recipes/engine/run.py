@@ -8,7 +8,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +19,11 @@ from winml_recipes.engine.cache import StepCache, cache_key, library_versions
 from winml_recipes.engine.code_digest import code_digest
 from winml_recipes.engine.lock import exclusive
 from winml_recipes.engine.plan import ComponentPlan, Plan, PlannedStep
-from winml_recipes.engine.registry import model_file
-from winml_recipes.engine.types import StepContext, StepResult, UpstreamComponent
-from winml_recipes.errors import InternalError, PassError, WinmlError
 from winml_recipes.schemas import SCHEMA_VERSION
-from winml_recipes.specs import IOContract
+from winml_recipes.sdk.contract import IOContract
+from winml_recipes.sdk.errors import InternalError, PassError, WinmlError
+from winml_recipes.sdk.passes import model_file, pass_making, sample_inputs_of
+from winml_recipes.sdk.types import StepContext, StepResult, UpstreamComponent
 
 MANIFEST = "manifest.json"
 GRAPH_DIGEST = "graph.yaml"
@@ -47,17 +47,28 @@ class BuildResult:
     models: dict[str, Path] = field(default_factory=dict)
 
 
-@dataclass
-class _State:
-    """Where a component's chain stands while its steps run."""
+@dataclass(frozen=True)
+class ChainState:
+    """Where a component's chain stands between two steps: each step gets one and returns
+    the next (nothing is changed in place, so a step's record and its input agree)."""
 
     model: Path | None
     digest: str
     reference: Path | None
     reference_digest: str | None
-    artifacts: list[Path] = field(default_factory=list)  # shipped beside the model
+    artifacts: tuple[Path, ...] = ()  # shipped beside the model
     ship_model: bool = True
-    calibrated: tuple[Path, str] | None = None  # the float model a calibration ran
+    # The model a sample-input step (Pass.sample_inputs, e.g. calibration) ran, and its digest.
+    calibrated: tuple[Path, str] | None = None
+
+    def after(self, model: Path | None, digest: str | None, produces_reference: bool) -> ChainState:
+        """The state after a step that wrote `model` (None: it wrote none, nothing changes)."""
+        if model is None or digest is None:
+            return self
+        state = replace(self, model=model, digest=digest, artifacts=(), ship_model=True)
+        if produces_reference:
+            state = replace(state, reference=model, reference_digest=digest)
+        return state
 
 
 def output_dir_for(plan: Plan, root: Path) -> Path:
@@ -213,7 +224,8 @@ def _check_sources_fit(plan: Plan, budget_mb: float) -> None:
     The source stands in for each step's input (later models are its rewrites or smaller
     quantized versions of it), so the estimate errs high, never low.
     """
-    from winml_recipes.engine.budget import EstimateInputs, check_fits
+    from winml_recipes.engine.budget import check_fits
+    from winml_recipes.sdk.estimates import EstimateInputs
 
     on_disk = {
         c.name: (c.source.path, c.contract)
@@ -227,14 +239,14 @@ def _check_sources_fit(plan: Plan, budget_mb: float) -> None:
         for step in comp.steps:
             if step.skip:
                 continue
-            deps = step.impl.depends_on(step.options)
+            deps = step.impl.depends_on(step.config)
             inputs = EstimateInputs(
                 plan.target,
                 comp.contract,
                 path if comp.facts.has_reference else None,
                 {d: on_disk[d] for d in deps if d in on_disk},
             )
-            estimate = step.impl.estimate_memory(path, dict(step.options), inputs)
+            estimate = step.impl.estimate_memory(path, step.config, inputs)
             if estimate is not None:
                 check_fits(estimate, budget_mb, step_where(plan, comp, step))
 
@@ -251,7 +263,7 @@ def _build_component(
     from winml_recipes.onnx.io import artifact_sha256
 
     src = comp.source
-    state = _State(
+    state = ChainState(
         model=src.path,
         digest=src.digest,
         reference=src.path if comp.facts.has_reference else None,
@@ -260,10 +272,12 @@ def _build_component(
     records = []
     for step in comp.steps:
         reporter.step_started(comp.name, step)
-        if not step.skip and step.impl.calibration_of(step.options) is not None:
+        if not step.skip and sample_inputs_of(step.impl, step.config) is not None:
             assert state.model is not None
-            state.calibrated = (state.model, state.digest)
-        record = _run_step(comp, step, plan, staging, cache, state, built, budget_mb, reporter)
+            state = replace(state, calibrated=(state.model, state.digest))
+        record, state = _run_step(
+            comp, step, plan, staging, cache, state, built, budget_mb, reporter
+        )
         records.append(record)
         reporter.step_finished(comp.name, step, record)
     if state.model is None:
@@ -294,7 +308,8 @@ def _build_component(
     upstream = None
     if state.reference is not None and state.reference_digest is not None:
         calibration = next(
-            (c for s in comp.steps if (c := s.impl.calibration_of(s.options)) is not None), None
+            (c for s in comp.steps if (c := sample_inputs_of(s.impl, s.config)) is not None),
+            None,
         )
         upstream = UpstreamComponent(
             comp.name,
@@ -320,11 +335,12 @@ def _run_step(
     plan: Plan,
     staging: Path,
     cache: StepCache,
-    state: _State,
+    state: ChainState,
     built: dict[str, UpstreamComponent | None],
     budget_mb: float,
     reporter: Reporter | None = None,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], ChainState]:
+    """Run (or fetch from the cache) one step: its manifest record and the next state."""
     from winml_recipes.onnx.io import artifact_sha256
 
     impl = step.impl
@@ -335,14 +351,14 @@ def _run_step(
         "options": step.options,
     }
     if step.skip:
-        return record | {"status": "skipped", "reason": step.skip}
+        return record | {"status": "skipped", "reason": step.skip}, state
     started = time.perf_counter()
     upstream = {}
-    for dep in impl.depends_on(step.options):
+    for dep in impl.depends_on(step.config):
         if built.get(dep) is None:
             raise PassError(
                 f"'{dep}' has no float model to run (its source is quantized; "
-                "add dequantize to its steps)",
+                f"add {pass_making('float')} to its steps)",
                 where=step_where(plan, comp, step),
             )
         upstream[dep] = built[dep]
@@ -387,7 +403,7 @@ def _run_step(
             }
             for n, u in upstream.items()
         },
-        extra=impl.key_material(step.options, ctx),
+        extra=impl.key_material(step.config, ctx),
         seed=plan.recipe.seed,
     )
     record["cache_key"] = key
@@ -411,7 +427,7 @@ def _run_step(
         out.mkdir(parents=True)
         (work / "scratch").mkdir()
         try:
-            result = impl.run(state.model, out, dict(step.options), ctx)
+            result = impl.run(state.model, out, step.config, ctx)
         except WinmlError as exc:
             # Paths inside the cache or the staging area mean nothing to the user.
             if not exc.where or str(cache.root) in exc.where or str(staging) in exc.where:
@@ -461,21 +477,19 @@ def _run_step(
         "output_sha256": out_digest,
         "metrics": metrics,
     }
-    if out_model is not None:
-        state.model, state.digest = out_model, out_digest
-        state.artifacts, state.ship_model = [], True
-        if impl.produces_reference:
-            state.reference, state.reference_digest = out_model, out_digest
+    after = state.after(out_model, out_digest, impl.produces_reference)
     if artifacts:
         record["artifacts"] = [
             {"name": p.name, "size_bytes": p.stat().st_size, "sha256": _sha(p)} for p in artifacts
         ]
-        state.artifacts, state.ship_model = artifacts, ship_model
-    return record
+        after = replace(after, artifacts=tuple(artifacts), ship_model=ship_model)
+    return record, after
 
 
-def _estimate(impl, step: PlannedStep, state: _State, comp: ComponentPlan, plan: Plan, upstream):
-    from winml_recipes.engine.budget import EstimateInputs
+def _estimate(
+    impl, step: PlannedStep, state: ChainState, comp: ComponentPlan, plan: Plan, upstream
+):
+    from winml_recipes.sdk.estimates import EstimateInputs
 
     assert state.model is not None
     inputs = EstimateInputs(
@@ -484,7 +498,7 @@ def _estimate(impl, step: PlannedStep, state: _State, comp: ComponentPlan, plan:
         state.reference,
         {n: (u.for_calibration()[0], u.contract) for n, u in upstream.items()},
     )
-    return impl.estimate_memory(state.model, dict(step.options), inputs)
+    return impl.estimate_memory(state.model, step.config, inputs)
 
 
 def _contract_key(comp: ComponentPlan | IOContract) -> Any:

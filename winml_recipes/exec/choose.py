@@ -11,7 +11,7 @@ def make_executor(
     """The executor for `--executor NAME` (`--jobs` processes or Ray CPUs; `--address`)."""
     import os
 
-    from winml_recipes.errors import RecipeError
+    from winml_recipes.sdk.errors import RecipeError
 
     if address is not None and name != "ray":
         raise RecipeError("--address is for --executor ray")

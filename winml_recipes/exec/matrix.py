@@ -17,9 +17,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from winml_recipes.errors import RecipeError, WinmlError
 from winml_recipes.exec.executors import Executor
 from winml_recipes.exec.task import FAILED, OK, TargetOutcome, TargetTask, not_run
+from winml_recipes.sdk.errors import RecipeError, WinmlError
 
 REPORT_VERSION = 1
 EXIT_INTERRUPTED = 130

@@ -23,9 +23,9 @@ import os
 import time
 from collections.abc import Sequence
 
-from winml_recipes.errors import MemoryBudgetError, RecipeError
 from winml_recipes.exec.executors import STOPPED, OnDone, worker_failed
 from winml_recipes.exec.task import FAILED, TargetOutcome, TargetTask, not_run, run_target
+from winml_recipes.sdk.errors import MemoryBudgetError, RecipeError
 
 MAX_RETRIES = 3
 CANCEL_GRACE_SECONDS = 20.0

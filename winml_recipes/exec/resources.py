@@ -24,8 +24,8 @@ def expected_memory_mb(task: TargetTask) -> float:
     itself then reports the error)."""
     from winml_recipes.engine.plan import make_plan
     from winml_recipes.engine.run import output_dir_for
-    from winml_recipes.errors import WinmlError
     from winml_recipes.recipe import load_recipe
+    from winml_recipes.sdk.errors import WinmlError
 
     try:
         plan = make_plan(

@@ -19,7 +19,7 @@ from typing import Any
 
 from winml_recipes.engine.plan import PlannedStep
 from winml_recipes.engine.run import Reporter
-from winml_recipes.errors import InternalError, WinmlError
+from winml_recipes.sdk.errors import InternalError, WinmlError
 
 OK, FAILED, NOT_RUN = "ok", "failed", "not run"
 EXIT_OK = 0

@@ -1,9 +1,10 @@
 """torch -> ONNX exporters.
 
-One entry point, `export_model(ExportRequest) -> onnx.ModelProto`. Each family lives in its own
-module (`sam3_tracker`, `auto`) and is imported on demand. torch and transformers are imported
-only inside functions, so importing this package stays cheap and works without the `export`
-extra installed.
+One entry point, `export_model(ExportRequest) -> onnx.ModelProto`. Exporter families are
+plugins: an `ExporterFamily` declared in the `winml_recipes.exporters` entry-point group
+(the built-ins, `sam3_tracker` and `auto`, in pyproject.toml like a third party's), found
+the same way as passes. torch and transformers are imported only inside functions, so
+importing this package stays cheap and works without the `export` extra installed.
 
 Every export goes through `torch.onnx.export(dynamo=True)` with batch-2 example inputs (a graph
 traced at batch 1 looks dynamic but can fail at batch 2, see FACTS.md), then the proto is
@@ -14,7 +15,6 @@ of the same request serialize to identical bytes.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import io
 import logging
 import os
@@ -23,22 +23,33 @@ import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import onnx
 
-from winml_recipes.errors import InternalError, SourceError
+from winml_recipes.sdk.errors import InternalError, PlanError, SourceError
+from winml_recipes.sdk.plugins import load_entry_points
 
-__all__ = ["FAMILIES", "ExportOutput", "ExportRequest", "export_model", "export_with_parity"]
+__all__ = [
+    "ExportOutput",
+    "ExportRequest",
+    "ExporterFamily",
+    "export_model",
+    "export_with_parity",
+    "families",
+]
+
+ENTRY_POINT_GROUP = "winml_recipes.exporters"
 
 
 @dataclass(frozen=True)
 class ExportRequest:
     """What to export. Exactly one of `model_id` / `config` is set."""
 
-    family: str  # "sam3_tracker" | "auto"
-    component: str  # sam3_tracker: "vision_encoder" | "prompt_encoder_mask_decoder"; auto: "model"
+    family: str  # a registered ExporterFamily's name
+    component: str  # one of the family's components
     task: str | None = None  # auto only: a key of exporters.auto.TASKS
     model_id: str | None = None  # HF model id or local HF directory
     revision: str | None = None
@@ -47,21 +58,46 @@ class ExportRequest:
     opset: int | None = None  # None = exporter default
 
 
-FAMILIES: dict[str, tuple[str, ...]] = {
-    "sam3_tracker": ("vision_encoder", "prompt_encoder_mask_decoder"),
-    "auto": ("model",),
-}
-
-# family -> module (relative to this package) that defines `export(req) -> ModelProto`.
-_FAMILY_MODULES = {"sam3_tracker": ".sam3_tracker", "auto": ".auto"}
-
-
 @dataclass(frozen=True)
 class ExportOutput:
     """The exported model and how closely onnxruntime reproduces torch on the trace inputs."""
 
     model: onnx.ModelProto
     parity: dict[str, dict[str, float]]  # per output: max_abs, mean_abs, cosine, sqnr_db
+
+
+@dataclass(frozen=True)
+class ExporterFamily:
+    """An exporter family plugin: what it exports, and how."""
+
+    name: str
+    components: tuple[str, ...]
+    export: Callable[[ExportRequest], ExportOutput]  # torch and transformers imported inside
+    # Every catalog component of an entry of this family exports as this exporter
+    # component (None: each under its own catalog name).
+    component: str | None = None
+
+    def component_for(self, catalog_component: str) -> str:
+        return self.component or catalog_component
+
+
+@cache
+def families() -> dict[str, ExporterFamily]:
+    """Every exporter family, from the `winml_recipes.exporters` entry points, by name."""
+    found = load_entry_points(
+        ENTRY_POINT_GROUP, lambda obj: isinstance(obj, ExporterFamily), "an ExporterFamily"
+    )
+    for name, family in found.items():
+        if family.name != name:
+            raise PlanError(
+                f"entry point '{name}' in {ENTRY_POINT_GROUP} declares family '{family.name}'"
+            )
+    if not found:
+        raise PlanError(
+            f"no exporter families registered: the {ENTRY_POINT_GROUP} entry points are "
+            "missing; install winml-recipes (pip install -e . in a checkout, or make install)"
+        )
+    return dict(sorted(found.items()))
 
 
 def export_model(req: ExportRequest) -> onnx.ModelProto:
@@ -73,15 +109,17 @@ def export_with_parity(req: ExportRequest) -> ExportOutput:
     """Export, then run the ONNX model in onnxruntime on the (batch-2) trace inputs and
     compare with torch: a wrong export or a batch dim that is not really dynamic shows up."""
     where = f"{req.family}/{req.component}"
-    if req.family not in FAMILIES:
+    known = families()
+    if req.family not in known:
         raise SourceError(
-            f"unknown exporter family '{req.family}'; use one of {', '.join(sorted(FAMILIES))}",
+            f"unknown exporter family '{req.family}'; use one of {', '.join(known)}",
             where=where,
         )
-    if req.component not in FAMILIES[req.family]:
+    family = known[req.family]
+    if req.component not in family.components:
         raise SourceError(
             f"unknown component '{req.component}' for family '{req.family}'; "
-            f"use one of {', '.join(FAMILIES[req.family])}",
+            f"use one of {', '.join(family.components)}",
             where=where,
         )
     if (req.model_id is None) == (req.config is None):
@@ -89,8 +127,7 @@ def export_with_parity(req: ExportRequest) -> ExportOutput:
             "set exactly one of model_id (pretrained weights) or config (random weights)",
             where=where,
         )
-    module = importlib.import_module(_FAMILY_MODULES[req.family], __name__)
-    return module.export(req)
+    return family.export(req)
 
 
 # --------------------------------------------------------------------------- shared helpers

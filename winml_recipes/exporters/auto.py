@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from winml_recipes.errors import SourceError
+from winml_recipes.exporters import ExporterFamily
+from winml_recipes.sdk.errors import SourceError
 
 if TYPE_CHECKING:
     from winml_recipes.exporters import ExportOutput, ExportRequest
@@ -265,3 +266,7 @@ def catalog_components(
             "outputs": {output: {"dtype": "float32", "shape": shapes[task]}},
         }
     }
+
+
+# Every catalog component of an auto entry is the one exported model.
+FAMILY = ExporterFamily("auto", COMPONENTS, export, component="model")

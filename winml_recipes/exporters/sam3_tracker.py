@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from winml_recipes.errors import SourceError
+from winml_recipes.exporters import ExporterFamily
+from winml_recipes.sdk.errors import SourceError
 
 if TYPE_CHECKING:
     from winml_recipes.exporters import ExportOutput, ExportRequest
@@ -260,3 +261,6 @@ def catalog_components(config: Any) -> dict[str, dict[str, Any]]:
             },
         },
     }
+
+
+FAMILY = ExporterFamily("sam3_tracker", COMPONENTS, export)

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 
 from winml_recipes.onnx.digest import dtype_name, graph_inputs
-from winml_recipes.specs import TensorSpec, resolve_shape
+from winml_recipes.sdk.contract import ImagePreprocess, TensorSpec, resolve_shape
 
 DEFAULT_FLOAT_RANGE = (-1.0, 1.0)
 DEFAULT_INT_RANGE = (0, 10)  # low inclusive, high exclusive
@@ -31,7 +31,7 @@ def make_inputs(
         shape = resolve_shape(s, dims)
         elements = int(np.prod(shape, dtype=np.int64))
         if elements > MAX_INPUT_ELEMENTS or 0 in shape:
-            from winml_recipes.errors import PlanError
+            from winml_recipes.sdk.errors import PlanError
 
             raise PlanError(
                 f"input '{s.name}': shape {list(shape)} has {elements} elements "
@@ -43,6 +43,12 @@ def make_inputs(
 
 def _draw(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     dtype = np.dtype(_ALIASES.get(spec.dtype, spec.dtype))
+    if _is_mask(spec, shape):
+        # as a tokenizer pads: ones, then zeros; at least one position kept per row
+        rows = int(np.prod(shape[:-1], dtype=np.int64))
+        kept = rng.integers(1, shape[-1] + 1, size=rows)
+        mask = np.arange(shape[-1])[None, :] < kept[:, None]
+        return mask.reshape(shape).astype(dtype)
     if spec.values:
         return rng.choice(np.asarray(spec.values), size=shape).astype(dtype)
     if dtype == np.bool_:
@@ -61,7 +67,22 @@ def _draw(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) ->
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Integer inputs whose only safe synthetic value is known from the name (BERT-style).
-_KNOWN_VALUES = {"token_type_ids": (0,), "attention_mask": (1,)}
+_KNOWN_VALUES = {"token_type_ids": (0,), "attention_mask": (0, 1)}
+
+
+def _is_mask(spec: TensorSpec, shape: tuple[int, ...]) -> bool:
+    """An integer {0, 1} input named like a mask, over a sequence: drawn as padding is.
+
+    Calibrating with no masked position leaves a mask path (`(1 - m) * finfo.min`) a
+    range of 0, so the quantized model would ignore the mask; all-ones masks did.
+    """
+    return (
+        spec.name.endswith("mask")
+        and spec.values is not None
+        and sorted(spec.values) == [0, 1]
+        and len(shape) >= 2
+        and shape[-1] > 0
+    )
 
 
 def dim_names(model: onnx.ModelProto) -> dict[tuple[str, int], str]:
@@ -93,12 +114,107 @@ def dim_names(model: onnx.ModelProto) -> dict[tuple[str, int], str]:
     return out
 
 
+# Ops an integer input passes through on its way to what it indexes or masks.
+_PASS_THROUGH = frozenset(
+    {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand", "Transpose"}
+)
+_MASK_OPS = frozenset({"Not", "And", "Or", "Xor"})
+# What an image model takes when nothing says otherwise: ImageNet's normalization.
+IMAGE_MEAN = (0.485, 0.456, 0.406)
+IMAGE_STD = (0.229, 0.224, 0.225)
+MIN_IMAGE_SIDE = 16  # smaller 3-channel inputs are not taken for images
+
+
+def _readers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
+    out: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in dict.fromkeys(node.input):
+            out.setdefault(name, []).append(node)
+    return out
+
+
+def _constant_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            attr = next((a for a in node.attribute if a.name == "value"), None)
+            if attr is not None:
+                shapes[node.output[0]] = tuple(attr.t.dims)
+    return shapes
+
+
+def integer_values(
+    model: onnx.ModelProto, name: str
+) -> tuple[tuple[int, int] | None, tuple[int, ...] | None]:
+    """(range, values) that are safe for the integer input `name`, read from the graph.
+
+    Ids that index a constant table (Gather, through casts and reshapes) stay below its row
+    count: token ids below the embedding's vocabulary, token_type_ids below its type
+    count. An input that only becomes a boolean (Cast to bool, Not/And/Or) is a mask:
+    {0, 1}. (None, None) when the graph says neither.
+    """
+    readers = _readers(model)
+    tables = _constant_shapes(model)
+    rows: list[int] = []
+    boolean = False
+    seen: set[str] = set()
+    pending = [name]
+    while pending:
+        tensor = pending.pop()
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        for node in readers.get(tensor, []):
+            if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == tensor:
+                table = tables.get(node.input[0])
+                axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                if table and -len(table) <= axis < len(table):
+                    rows.append(int(table[axis]))
+            elif node.op_type in _MASK_OPS or (
+                node.op_type == "Cast" and _cast_to(node) == onnx.TensorProto.BOOL
+            ):
+                boolean = True
+            elif node.op_type in _PASS_THROUGH and node.input[0] == tensor:
+                pending.extend(node.output)
+    if rows and min(rows) > 0:
+        return (0, min(rows)), None
+    if boolean:
+        return None, (0, 1)
+    return None, None
+
+
+def _cast_to(node: onnx.NodeProto) -> int | None:
+    return next((a.i for a in node.attribute if a.name == "to"), None)
+
+
+def image_preprocess(shape: Sequence[int | str]) -> ImagePreprocess | None:
+    """An ImageNet-normalized image block for a float [N, 3, H, W] (or [N, H, W, 3]) input
+    with static sides of at least MIN_IMAGE_SIDE, so an image folder can calibrate it."""
+    if len(shape) != 4:
+        return None
+    for layout, channels, hw in (("NCHW", shape[1], shape[2:]), ("NHWC", shape[3], shape[1:3])):
+        if channels == 3 and all(isinstance(d, int) and d >= MIN_IMAGE_SIDE for d in hw):
+            size = (int(hw[0]), int(hw[1]))
+            return ImagePreprocess(size=size, mean=IMAGE_MEAN, std=IMAGE_STD, layout=layout)
+    return None
+
+
+def image_range(pre: ImagePreprocess) -> tuple[float, float]:
+    """What [0, 1] pixels become after (x - mean) / std."""
+    low = min((0.0 - m) / s for m, s in zip(pre.mean, pre.std, strict=False))
+    high = max((1.0 - m) / s for m, s in zip(pre.mean, pre.std, strict=False))
+    return round(low, 4), round(high, 4)
+
+
 def specs_from_model(model: onnx.ModelProto) -> tuple[list[TensorSpec], dict[str, int]]:
     """Input specs read from the graph, for models without an I/O contract.
 
     Dynamic dims get catalog names (`dim_names`) and default to 1. Integer inputs named
-    token_type_ids / attention_mask get their one safe value (0 / 1); other integers a
-    small range (an index into a table the model may not have more of).
+    token_type_ids / attention_mask get their one safe value (0 / 1); other integers what
+    the graph says is safe (`integer_values`: below the row count of the table they index,
+    {0, 1} for masks), else a small range. Float inputs shaped like images get an
+    ImageNet-normalized image block (an image folder can then calibrate them) and the
+    range that normalization gives; other floats [-1, 1).
     """
     specs: list[TensorSpec] = []
     dims: dict[str, int] = {}
@@ -116,12 +232,15 @@ def specs_from_model(model: onnx.ModelProto) -> tuple[list[TensorSpec], dict[str
         dtype = dtype_name(tt.elem_type)
         np_dtype = np.dtype(dtype) if dtype not in ("string", "undefined") else None
         value_range: tuple[float, float] | None = None
+        values: tuple | None = None
+        image = None
         if np_dtype is not None and np.issubdtype(np_dtype, np.floating):
-            value_range = DEFAULT_FLOAT_RANGE
+            image = image_preprocess(shape)
+            value_range = image_range(image) if image is not None else DEFAULT_FLOAT_RANGE
         elif np_dtype is not None and np.issubdtype(np_dtype, np.integer):
-            value_range = DEFAULT_INT_RANGE
-        values = _KNOWN_VALUES.get(vi.name) if value_range == DEFAULT_INT_RANGE else None
-        if values is not None:
-            value_range = None
-        specs.append(TensorSpec(vi.name, dtype, tuple(shape), value_range, values))
+            values = _KNOWN_VALUES.get(vi.name)
+            if values is None:
+                value_range, values = integer_values(model, vi.name)
+                value_range = value_range or (None if values else DEFAULT_INT_RANGE)
+        specs.append(TensorSpec(vi.name, dtype, tuple(shape), value_range, values, image))
     return specs, dims

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import onnx
 
-from winml_recipes.errors import ModelFileError
+from winml_recipes.sdk.errors import ModelFileError
 
 # Weights above this size go to an `<name>_data` sidecar (protobuf caps a file at 2 GiB).
 EXTERNAL_DATA_THRESHOLD_BYTES = 1 << 30

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from winml_recipes.errors import ModelFileError
+from winml_recipes.sdk.errors import ModelFileError
 
 INTRA_OP_THREADS = 2
 

@@ -8,76 +8,65 @@ same EP and its outputs compared with the uncompiled model's on that EP.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from winml_recipes.engine.registry import Pass, register
-from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
-from winml_recipes.errors import PassError
-from winml_recipes.presets import Target
+from winml_recipes.sdk.config import option
+from winml_recipes.sdk.errors import PassError
+from winml_recipes.sdk.passes import Pass, register
+from winml_recipes.sdk.target import Target
+from winml_recipes.sdk.types import ModelFacts, StepContext, StepResult
 
 COMPILED = "model_ctx.onnx"
-HTP_ARCHS = [68, 69, 73, 75, 79, 81]
+HtpArch = Literal[68, 69, 73, 75, 79, 81]
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    htp_arch: HtpArch | None = option(
+        None,
+        "Hexagon architecture to compile for (e.g. 73 for Snapdragon X Elite). Default: the EP's.",
+    )
+    soc_model: int | None = option(
+        None, "QNN SoC model id (e.g. 60 for Snapdragon X Elite). Default: the EP's.", minimum=0
+    )
+    embed: bool = option(
+        False,
+        "Embed the context binary in model_ctx.onnx (default: a model_ctx_qnn.bin file beside it).",
+    )
+    keep_uncompiled: bool = option(True, "Ship model.onnx beside the compiled model.")
+    require_ep: bool = option(
+        False,
+        "Fail where the EP cannot load on this host (default: the step is skipped with the "
+        "reason).",
+    )
+    samples: int = option(1, minimum=1, maximum=16)
+    seed: int = option(0, minimum=0)
 
 
 @register
-class CompilePass(Pass):
+class CompilePass(Pass[CompileConfig]):
     name = "compile"
     version = 1
     summary = "EPContext model for the target's EP (QNN HTP): compiled once, loaded as is."
     devices = frozenset({"npu"})
     uses_contract = True
-    options_schema = {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {
-            "htp_arch": {
-                "enum": HTP_ARCHS,
-                "description": "Hexagon architecture to compile for (e.g. 73 for Snapdragon X "
-                "Elite). Default: the EP's.",
-            },
-            "soc_model": {
-                "type": "integer",
-                "minimum": 0,
-                "description": "QNN SoC model id (e.g. 60 for Snapdragon X Elite). "
-                "Default: the EP's.",
-            },
-            "embed": {
-                "type": "boolean",
-                "default": False,
-                "description": "Embed the context binary in model_ctx.onnx (default: a "
-                "model_ctx_qnn.bin file beside it).",
-            },
-            "keep_uncompiled": {
-                "type": "boolean",
-                "default": True,
-                "description": "Ship model.onnx beside the compiled model.",
-            },
-            "require_ep": {
-                "type": "boolean",
-                "default": False,
-                "description": "Fail where the EP cannot load on this host (default: the step "
-                "is skipped with the reason).",
-            },
-            "samples": {"type": "integer", "minimum": 1, "maximum": 16, "default": 1},
-            "seed": {"type": "integer", "minimum": 0, "default": 0},
-        },
-    }
 
-    def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
+    def skip_reason(self, facts: ModelFacts, config: CompileConfig, target: Target) -> str | None:
         from winml_recipes.runtime.providers import provider_for_device
 
         if provider_for_device(target.device).is_cpu:
             return "the target's execution provider is the CPU EP: nothing to compile"
         return None
 
-    def key_material(self, options: dict[str, Any], ctx: StepContext) -> Any:
+    def key_material(self, config: CompileConfig, ctx: StepContext) -> Any:
         from winml_recipes.runtime.providers import identity, provider_for_device
 
         return {"execution_provider": identity(provider_for_device(ctx.target.device).key)}
 
     def run(
-        self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
+        self, src: Path | None, out_dir: Path, config: CompileConfig, ctx: StepContext
     ) -> StepResult:
         from winml_recipes.feeds import synthetic, take
         from winml_recipes.onnx.metrics import compare_runs
@@ -89,24 +78,26 @@ class CompilePass(Pass):
         ep = provider_for_device(ctx.target.device)
         avail = availability(ep.key)
         if not avail.available:
-            if options["require_ep"]:
+            if config.require_ep:
                 raise PassError(f"{ep.provider} cannot be used here: {avail.reason}")
             return StepResult(skipped=f"{ep.provider} not available here: {avail.reason}")
         compiled = out_dir / COMPILED
         provider_options = {
-            k: str(options[k]) for k in ("htp_arch", "soc_model") if options.get(k) is not None
+            k: str(v)
+            for k, v in (("htp_arch", config.htp_arch), ("soc_model", config.soc_model))
+            if v is not None
         }
         # A child process compiles: the same bytes wherever and after whatever it runs.
         compile_epcontext(
-            src, compiled, ep.key, embed=options["embed"], provider_options=provider_options
+            src, compiled, ep.key, embed=config.embed, provider_options=provider_options
         )
         if not compiled.is_file():
             raise PassError(f"{ep.provider} wrote no EPContext model")
         uncompiled = open_session(src, ep.key, fallback=False, provider_options=provider_options)
         loaded = open_session(compiled, ep.key, fallback=False)
         feeds = take(
-            synthetic(ctx.contract, options["samples"], options["seed"] + ctx.seed),
-            options["samples"],
+            synthetic(ctx.contract, config.samples, config.seed + ctx.seed),
+            config.samples,
         )
         before = [uncompiled.run(f, i) for i, f in enumerate(feeds)]
         after = [loaded.run(f, i) for i, f in enumerate(feeds)]
@@ -119,13 +110,13 @@ class CompilePass(Pass):
             {
                 "execution_provider": identity(ep.key),
                 "provider_options": provider_options,
-                "embed": options["embed"],
+                "embed": config.embed,
                 "compiled_vs_uncompiled": {
                     "max_abs": max_abs,
                     "bit_exact": max_abs == 0.0,
-                    "samples": options["samples"],
+                    "samples": config.samples,
                 },
             },
             artifacts=(COMPILED, *artifacts),
-            ship_model=options["keep_uncompiled"],
+            ship_model=config.keep_uncompiled,
         )

@@ -7,30 +7,38 @@ The rewrite itself lives in winml_recipes.quant.dequantize (also behind the
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from winml_recipes.engine.budget import RewritesGraph
-from winml_recipes.engine.registry import Pass, model_file, register
-from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
-from winml_recipes.presets import Target
+from winml_recipes.sdk.passes import Pass, model_file, register
+from winml_recipes.sdk.target import Target
+from winml_recipes.sdk.types import ModelFacts, StepContext, StepResult
+
+
+@dataclass(frozen=True)
+class DequantizeConfig:
+    """No options."""
 
 
 @register
-class DequantizePass(RewritesGraph, Pass):
+class DequantizePass(RewritesGraph, Pass[DequantizeConfig]):
     name = "dequantize"
     version = 1
     summary = "Rewrite a quantized graph (QDQ, QOperator, dynamic, MatMulNBits) into float."
     target_dependent = False
     # The dequantized model is the best float reference a quantized source has.
     produces_reference = True
+    makes = frozenset({"float"})
 
-    def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
+    def skip_reason(
+        self, facts: ModelFacts, config: DequantizeConfig, target: Target
+    ) -> str | None:
         if facts.is_onnx and not facts.quantized:
             return "already float: nothing to dequantize"
         return None
 
-    def facts_after(self, facts: ModelFacts, options: dict[str, Any]) -> ModelFacts:
+    def facts_after(self, facts: ModelFacts, config: DequantizeConfig) -> ModelFacts:
         return facts.evolve(
             quantized=False,
             quant_summary="",
@@ -41,7 +49,7 @@ class DequantizePass(RewritesGraph, Pass):
         )
 
     def run(
-        self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
+        self, src: Path | None, out_dir: Path, config: DequantizeConfig, ctx: StepContext
     ) -> StepResult:
         from winml_recipes.onnx.io import load_model, save_model
         from winml_recipes.quant.dequantize import dequantize_model

@@ -3,43 +3,40 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from winml_recipes import __version__
-from winml_recipes.engine.registry import Pass, model_file, register
-from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
-from winml_recipes.errors import PassError
-from winml_recipes.presets import Target
+from winml_recipes.sdk.config import option
+from winml_recipes.sdk.errors import PassError
+from winml_recipes.sdk.passes import Pass, model_file, register
+from winml_recipes.sdk.target import Target
+from winml_recipes.sdk.types import ModelFacts, StepContext, StepResult
 
 # onnxruntime must reproduce torch on the (batch-2) trace inputs at least this closely.
 MIN_PARITY_SQNR_DB = 60.0
 
 
+@dataclass(frozen=True)
+class ExportConfig:
+    opset: int | None = option(
+        None, "ONNX opset (default: the exporter's).", minimum=17, maximum=23
+    )
+
+
 @register
-class ExportPass(Pass):
+class ExportPass(Pass[ExportConfig]):
     name = "export"
     version = 2
     summary = "Export a Hugging Face model (id, local dir or random-weight config) to ONNX."
     target_dependent = False
     produces_reference = True
-    options_schema = {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {
-            "opset": {
-                "type": "integer",
-                "minimum": 17,
-                "maximum": 23,
-                "description": "ONNX opset (default: the exporter's).",
-            },
-        },
-    }
+    makes = frozenset({"onnx"})
 
-    def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
+    def skip_reason(self, facts: ModelFacts, config: ExportConfig, target: Target) -> str | None:
         return "source is already ONNX" if facts.is_onnx else None
 
-    def facts_after(self, facts: ModelFacts, options: dict[str, Any]) -> ModelFacts:
+    def facts_after(self, facts: ModelFacts, config: ExportConfig) -> ModelFacts:
         # The exporter's output is a clean float graph: it counts as normalized.
         return ModelFacts(
             is_onnx=True,
@@ -49,7 +46,7 @@ class ExportPass(Pass):
         )
 
     def run(
-        self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
+        self, src: Path | None, out_dir: Path, config: ExportConfig, ctx: StepContext
     ) -> StepResult:
         from winml_recipes.exporters import ExportRequest, export_with_parity
         from winml_recipes.onnx.io import save_model
@@ -58,7 +55,7 @@ class ExportPass(Pass):
         spec = ctx.source.export
         if spec is None:
             raise PassError("nothing to export: the source is not a model to export")
-        request = ExportRequest(**spec, opset=options.get("opset"))
+        request = ExportRequest(**spec, opset=config.opset)
         started = time.perf_counter()
         exported = export_with_parity(request)
         model = exported.model

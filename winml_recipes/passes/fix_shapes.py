@@ -2,45 +2,44 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated
 
 from winml_recipes.engine.budget import RewritesGraph
-from winml_recipes.engine.registry import Pass, model_file, register
-from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
-from winml_recipes.errors import PassError
-from winml_recipes.presets import Target
+from winml_recipes.sdk.config import Schema, option
+from winml_recipes.sdk.errors import PassError
+from winml_recipes.sdk.passes import Pass, model_file, register
+from winml_recipes.sdk.target import Target
+from winml_recipes.sdk.types import ModelFacts, StepContext, StepResult
+
+
+@dataclass(frozen=True)
+class FixShapesConfig:
+    dims: Mapping[str, Annotated[int, Schema(minimum=1)]] | None = option(
+        None, "Dim values overriding the catalog's (e.g. batch: 1)."
+    )
 
 
 @register
-class FixShapesPass(RewritesGraph, Pass):
+class FixShapesPass(RewritesGraph, Pass[FixShapesConfig]):
     name = "fix_shapes"
     version = 2
     summary = "Make dynamic dims static (values from the catalog dims, overridable here)."
     target_dependent = False
     uses_contract = True
-    options_schema = {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {
-            "dims": {
-                "type": "object",
-                "description": "Dim values overriding the catalog's (e.g. batch: 1).",
-                "additionalProperties": {"type": "integer", "minimum": 1},
-            },
-        },
-    }
 
-    def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
+    def skip_reason(self, facts: ModelFacts, config: FixShapesConfig, target: Target) -> str | None:
         if facts.dynamic_dims == ():
             return "all input dims are already static"
         return None
 
-    def facts_after(self, facts: ModelFacts, options: dict[str, Any]) -> ModelFacts:
+    def facts_after(self, facts: ModelFacts, config: FixShapesConfig) -> ModelFacts:
         return facts.evolve(dynamic_dims=())
 
     def run(
-        self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
+        self, src: Path | None, out_dir: Path, config: FixShapesConfig, ctx: StepContext
     ) -> StepResult:
         import onnx
         from onnxruntime.tools.onnx_model_utils import make_dim_param_fixed
@@ -49,7 +48,7 @@ class FixShapesPass(RewritesGraph, Pass):
 
         assert src is not None
         model = load_model(src)
-        values = {**ctx.contract.dims, **options.get("dims", {})}
+        values = {**ctx.contract.dims, **(config.dims or {})}
         fixed = _dims_by_position(model, ctx, values)
         params = sorted(
             {
@@ -85,7 +84,7 @@ def _dims_by_position(model, ctx: StepContext, values: dict[str, int]) -> dict[s
     catalog says what each position of each input is (an int, or a named dim with a value),
     so names need not agree. Two positions giving one model dim different values is an error.
     """
-    from winml_recipes.specs import resolve_shape
+    from winml_recipes.sdk.contract import resolve_shape
 
     out: dict[str, int] = {}
     for vi in model.graph.input:

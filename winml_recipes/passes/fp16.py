@@ -6,47 +6,41 @@ keeps numerically fragile ops in float32 with Casts around them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from winml_recipes.engine.budget import RewritesGraph
-from winml_recipes.engine.registry import Pass, model_file, register
-from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
-from winml_recipes.presets import Target, precisions_of_kind
+from winml_recipes.presets import precisions_of_kind
+from winml_recipes.sdk.config import option
+from winml_recipes.sdk.passes import Pass, model_file, register
+from winml_recipes.sdk.target import Target
+from winml_recipes.sdk.types import ModelFacts, StepContext, StepResult
+
+
+@dataclass(frozen=True)
+class Fp16Config:
+    keep_io_types: bool = True
+    op_block_list: tuple[str, ...] | None = option(
+        None, "Op types kept in float32 (added to onnxruntime's default list)."
+    )
+    node_block_list: tuple[str, ...] | None = option(None, "Node names kept in float32.")
 
 
 @register
-class Fp16Pass(RewritesGraph, Pass):
+class Fp16Pass(RewritesGraph, Pass[Fp16Config]):
     name = "fp16"
     version = 1
     summary = "Convert to float16 (float32 inputs/outputs kept; op and node block lists)."
     precisions = precisions_of_kind("float16")
     target_dependent = False
-    options_schema = {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {
-            "keep_io_types": {"type": "boolean", "default": True},
-            "op_block_list": {
-                "type": "array",
-                "items": {"type": "string"},
-                "description": "Op types kept in float32 (added to onnxruntime's default list).",
-            },
-            "node_block_list": {
-                "type": "array",
-                "items": {"type": "string"},
-                "description": "Node names kept in float32.",
-            },
-        },
-    }
 
-    def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
+    def skip_reason(self, facts: ModelFacts, config: Fp16Config, target: Target) -> str | None:
         if facts.quantized:
             return f"source already quantized ({facts.quant_summary})"
         return None
 
     def run(
-        self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
+        self, src: Path | None, out_dir: Path, config: Fp16Config, ctx: StepContext
     ) -> StepResult:
         from collections import Counter
 
@@ -59,13 +53,13 @@ class Fp16Pass(RewritesGraph, Pass):
 
         assert src is not None
         model = load_model(src)
-        blocked = sorted({*DEFAULT_OP_BLOCK_LIST, *options.get("op_block_list", [])})
+        blocked = sorted({*DEFAULT_OP_BLOCK_LIST, *(config.op_block_list or ())})
         converted = convert_float_to_float16(
             model,
-            keep_io_types=options["keep_io_types"],
+            keep_io_types=config.keep_io_types,
             op_block_list=blocked,
-            node_block_list=options.get("node_block_list") or None,
+            node_block_list=list(config.node_block_list or ()) or None,
         )
         out = save_model(converted, model_file(out_dir))
         casts = Counter(n.op_type for n in converted.graph.node)["Cast"]
-        return StepResult(out, {"casts": casts, "op_block_list": options.get("op_block_list", [])})
+        return StepResult(out, {"casts": casts, "op_block_list": list(config.op_block_list or ())})

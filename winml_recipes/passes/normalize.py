@@ -7,52 +7,47 @@ normalization no longer matches and is normalized again.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 from winml_recipes import __version__
 from winml_recipes.engine.budget import RewritesGraph
-from winml_recipes.engine.registry import Pass, model_file, register
-from winml_recipes.engine.types import ModelFacts, StepContext, StepResult
-from winml_recipes.presets import Target
+from winml_recipes.sdk.config import option
+from winml_recipes.sdk.passes import Pass, model_file, register
+from winml_recipes.sdk.target import Target
+from winml_recipes.sdk.types import ModelFacts, StepContext, StepResult
+
+
+@dataclass(frozen=True)
+class NormalizeConfig:
+    backend: Literal["ort", "onnxscript"] = option(
+        "ort",
+        "ort: onnxruntime BASIC offline optimization; onnxscript: "
+        "onnxscript.optimizer (constant folding, dead code removal).",
+    )
+    force: bool = option(False, "Normalize even when the model's stamp says it already is.")
 
 
 @register
-class NormalizePass(RewritesGraph, Pass):
+class NormalizePass(RewritesGraph, Pass[NormalizeConfig]):
     name = "normalize"
     version = 3
     target_dependent = False
     summary = "Constant folding and cleanup that keeps standard ONNX ops (runs once per model)."
-    options_schema = {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {
-            "backend": {
-                "enum": ["ort", "onnxscript"],
-                "default": "ort",
-                "description": "ort: onnxruntime BASIC offline optimization; onnxscript: "
-                "onnxscript.optimizer (constant folding, dead code removal).",
-            },
-            "force": {
-                "type": "boolean",
-                "default": False,
-                "description": "Normalize even when the model's stamp says it already is.",
-            },
-        },
-    }
 
-    def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
+    def skip_reason(self, facts: ModelFacts, config: NormalizeConfig, target: Target) -> str | None:
         if facts.quantized:
             return f"source already quantized ({facts.quant_summary})"
-        if facts.normalized and not options.get("force"):
+        if facts.normalized and not config.force:
             return f"already normalized ({facts.normalized_why or 'stamped'})"
         return None
 
-    def facts_after(self, facts: ModelFacts, options: dict[str, Any]) -> ModelFacts:
+    def facts_after(self, facts: ModelFacts, config: NormalizeConfig) -> ModelFacts:
         return facts.evolve(normalized=True, normalized_why="normalized by an earlier step")
 
     def run(
-        self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
+        self, src: Path | None, out_dir: Path, config: NormalizeConfig, ctx: StepContext
     ) -> StepResult:
         from winml_recipes.onnx.digest import graph_digest
         from winml_recipes.onnx.io import load_model, save_model
@@ -61,10 +56,10 @@ class NormalizePass(RewritesGraph, Pass):
         assert src is not None
         source = load_model(src, load_external_data=False)
         before = len(source.graph.node)
-        model = _ort_basic(src, ctx.work_dir) if options["backend"] == "ort" else _onnxscript(src)
+        model = _ort_basic(src, ctx.work_dir) if config.backend == "ort" else _onnxscript(src)
         renamed = _rename_new_initializers(model, {t.name for t in source.graph.initializer})
         model.graph.ClearField("value_info")
-        write_stamp(model, tool=f"winml-recipes {__version__} normalize/{options['backend']}")
+        write_stamp(model, tool=f"winml-recipes {__version__} normalize/{config.backend}")
         out = save_model(model, model_file(out_dir))
         after = graph_digest(model)["node_count"]
         return StepResult(

@@ -7,16 +7,18 @@ precision and device presets fill what the recipe leaves out.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from winml_recipes.engine.registry import Pass, check_component, model_file, register
-from winml_recipes.engine.types import ModelFacts, PlanContext, StepContext, StepResult
-from winml_recipes.presets import Target, precisions_of_kind
-from winml_recipes.quant.config import QUANTIZE_OPTIONS_SCHEMA, QuantConfig, resolve
+from winml_recipes.presets import precisions_of_kind
+from winml_recipes.quant.config import MixedAuto, QuantConfig, QuantizeOptions, resolve
+from winml_recipes.sdk.passes import Pass, check_component, model_file, register
+from winml_recipes.sdk.target import Target
+from winml_recipes.sdk.types import ModelFacts, PlanContext, StepContext, StepResult
 
 if TYPE_CHECKING:
-    from winml_recipes.engine.budget import EstimateInputs, MemoryEstimate
+    from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
 
 MATMUL_CONV = ("MatMul", "Conv", "Gemm", "ConvTranspose")
 # Automatic mixed precision scores candidates on samples calibration never saw.
@@ -24,7 +26,7 @@ HELD_OUT_SEED_OFFSET = 104_729
 
 
 @register
-class QuantizePass(Pass):
+class QuantizePass(Pass[QuantizeOptions]):
     name = "quantize"
     version = 6
     summary = "Static (calibrated QDQ, QNN rules, mixed precision) or dynamic quantization."
@@ -32,10 +34,11 @@ class QuantizePass(Pass):
     uses_contract = True
     once_per_component = True  # one component is quantized once
     needs_float_input = True
-    options_schema = QUANTIZE_OPTIONS_SCHEMA
+    makes = frozenset({"integer"})
+    sample_inputs = "calibration"  # an inputs_from component calibrates as this one did
 
-    def check(self, options: dict[str, Any], ctx: PlanContext) -> None:
-        cfg = resolve(options, ctx.target)
+    def check(self, config: QuantizeOptions, ctx: PlanContext) -> None:
+        cfg = resolve(config, ctx.target)
         cal = cfg.calibration
         if cal is not None and cal.inputs_from:
             check_component(cal.inputs_from, ctx, "quantize.calibration.inputs_from")
@@ -47,37 +50,44 @@ class QuantizePass(Pass):
             from winml_recipes.feeds import image_files
 
             image_files(cal.images, ctx.recipe_dir)
+        if cal is not None and cal.dataset:
+            from winml_recipes.hfdata import check_split, open_split
 
-    def depends_on(self, options: dict[str, Any]) -> tuple[str, ...]:
-        src = (options.get("calibration") or {}).get("inputs_from")
-        return (src,) if src else ()
+            check_split(open_split(cal.dataset, ctx.recipe_dir), ctx.contract)
 
-    def calibration_of(self, options: dict[str, Any]) -> dict[str, Any] | None:
-        return dict(options.get("calibration") or {})
+    def depends_on(self, config: QuantizeOptions) -> tuple[str, ...]:
+        cal = config.calibration
+        return (cal.inputs_from,) if cal is not None and cal.inputs_from else ()
 
-    def key_material(self, options: dict[str, Any], ctx: StepContext) -> Any:
+    def key_material(self, config: QuantizeOptions, ctx: StepContext) -> Any:
         from winml_recipes.feeds import upstream_data_digest
+        from winml_recipes.presets import device_settings, precision_settings
         from winml_recipes.runtime.providers import identity, provider_for_device
 
-        data = upstream_data_digest(options.get("calibration"), ctx.upstream, ctx.recipe_dir)
-        mixed = options.get("mixed_precision")
-        if not (isinstance(mixed, dict) and mixed.get("auto")):
-            return data
+        data = upstream_data_digest(calibration_options(config), ctx.upstream, ctx.recipe_dir)
+        # what the presets fill in (per_channel, types) is not in the step's options
+        preset = {
+            "device": device_settings(ctx.target.device).get("quantize"),
+            "precision": precision_settings(ctx.target.precision),
+        }
+        if not isinstance(config.mixed_precision, MixedAuto):
+            return {"data": data, "preset": preset}
         # Automatic mixed precision scores candidates on the target's EP where it loads.
-        return {"data": data, "scored_on": identity(provider_for_device(ctx.target.device).key)}
+        ep = identity(provider_for_device(ctx.target.device).key)
+        return {"data": data, "preset": preset, "scored_on": ep}
 
     def estimate_memory(
-        self, src: Path, options: dict[str, Any], inputs: EstimateInputs
+        self, src: Path, config: QuantizeOptions, inputs: EstimateInputs
     ) -> MemoryEstimate | None:
         from winml_recipes.engine.budget import (
             RUNTIME_MB,
-            MemoryEstimate,
             forward_estimate,
             larger,
             rewrite_estimate,
         )
+        from winml_recipes.sdk.estimates import MemoryEstimate
 
-        cfg = resolve(options, inputs.target)
+        cfg = resolve(config, inputs.target)
         insertion = rewrite_estimate(src, "QDQ insertion", INSERTION_WEIGHT_FACTOR)
         if cfg.calibration is None:
             return insertion
@@ -97,12 +107,12 @@ class QuantizePass(Pass):
             "input shape (catalog dims) lowers it",
         )
 
-    def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
+    def skip_reason(self, facts: ModelFacts, config: QuantizeOptions, target: Target) -> str | None:
         if facts.quantized:
             return f"source already quantized ({facts.quant_summary})"
         return None
 
-    def facts_after(self, facts: ModelFacts, options: dict[str, Any]) -> ModelFacts:
+    def facts_after(self, facts: ModelFacts, config: QuantizeOptions) -> ModelFacts:
         # Quantized here, for this target's types (what a source had no longer applies).
         return facts.evolve(
             quantized=True,
@@ -112,13 +122,13 @@ class QuantizePass(Pass):
         )
 
     def run(
-        self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
+        self, src: Path | None, out_dir: Path, config: QuantizeOptions, ctx: StepContext
     ) -> StepResult:
         from winml_recipes.onnx.io import load_model
         from winml_recipes.quant.ort import quantizable_op_types
 
         assert src is not None
-        cfg = resolve(options, ctx.target)
+        cfg = resolve(config, ctx.target)
         model = load_model(src, load_external_data=False)
         wanted = set(cfg.op_types) or quantizable_op_types()
         if not any(n.op_type in wanted for n in model.graph.node):
@@ -198,12 +208,13 @@ def _static(
         if dropped or any(rewrites.values()):
             src = save_model(model, ctx.work_dir / "float-simplified" / "model.onnx")
     tensors = tensors_to_calibrate(model, list(cfg.op_types) or None)
+    # Histogram settings the recipe leaves unset keep the calibrator's defaults.
+    histogram = {k: v for k in ("num_bins", "percentile") if (v := getattr(cal, k)) is not None}
     settings = CalibrationSettings(
-        method=cal.method,
-        num_bins=cal.num_bins,
-        num_quantized_bins=_quantized_bins(cfg.activation_type, cal.num_bins),
-        percentile=cal.percentile,
-        symmetric=cfg.activation_symmetric,
+        method=cal.method, symmetric=cfg.activation_symmetric, **histogram
+    )
+    settings = replace(
+        settings, num_quantized_bins=_quantized_bins(cfg.activation_type, settings.num_bins)
     )
     started = time.perf_counter()
     counted = _Counted(feeds, lambda seen: ctx.progress("calibration samples", seen, cal.samples))
@@ -219,6 +230,7 @@ def _static(
             store_outputs(store, ctx.input_digest, feed, outputs)
 
     nonfinite: list[str] = []
+    sentinels: dict[str, dict[str, list[float]]] = {}
     ranges = calibrate(
         src,
         counted,
@@ -227,8 +239,15 @@ def _static(
         work_dir=ctx.work_dir,
         on_outputs=keep,
         nonfinite=nonfinite,
+        sentinels=sentinels,
     )
     calibration_seconds = time.perf_counter() - started
+    if sentinels:
+        from winml_recipes.onnx.io import save_model
+        from winml_recipes.quant.calibrate import replace_sentinel_constants
+
+        if replace_sentinel_constants(model, sentinels):
+            src = save_model(model, ctx.work_dir / "finite-sentinels" / "model.onnx")
     shared: list[list[str]] = []
     if cfg.qnn:
         from winml_recipes.quant.qnn_rules import shared_encoding_groups, unify_ranges
@@ -257,6 +276,8 @@ def _static(
         "htp_rewrites": rewrites,
         # activations with infinite values (additive masks): no range, left in float
         "kept_float_nonfinite": nonfinite,
+        # activations holding sentinels (float32-min attention masks): range clamped
+        "clamped_sentinels": sentinels,
     }
     if isinstance(feeds, UpstreamFeeds):
         metrics["upstream_forwards"] = {"computed": feeds.computed, "reused": feeds.reused}
@@ -329,10 +350,9 @@ def _upgrade_opset(model, cfg: QuantConfig):
     per-channel DequantizeLinear gets an `axis` the opset does not have. Converting first,
     with onnx's version converter, calibrates the graph that is quantized.
     """
-    import onnx
     from onnx import version_converter
 
-    from winml_recipes.errors import PassError
+    from winml_recipes.sdk.errors import PassError
 
     current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     needed = _required_opset(cfg)
@@ -340,7 +360,16 @@ def _upgrade_opset(model, cfg: QuantConfig):
         return None
     try:
         converted = version_converter.convert_version(model, needed)
-        onnx.checker.check_model(converted, full_check=False)
+        # The converter writes value infos without shapes, which the checker refuses
+        # ("Field 'shape' of 'type' is required"): they are dropped. What the checker says
+        # of the source itself (an exporter's output without a shape at IR 6) is no
+        # failure of the conversion.
+        for value in [v for v in converted.graph.value_info if not v.type.HasField("tensor_type")
+                      or not v.type.tensor_type.HasField("shape")]:  # fmt: skip
+            converted.graph.value_info.remove(value)
+        problem = _checker_error(converted)
+        if problem is not None and problem != _checker_error(model):
+            raise ValueError(problem)
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise PassError(
@@ -351,6 +380,16 @@ def _upgrade_opset(model, cfg: QuantConfig):
     return converted
 
 
+def _checker_error(model) -> str | None:
+    import onnx
+
+    try:
+        onnx.checker.check_model(model, full_check=False)
+    except onnx.checker.ValidationError as exc:
+        return str(exc)
+    return None
+
+
 def _quantized_bins(activation_type: str, num_bins: int) -> int:
     """Entropy's target bins: 128 for 8-bit (TensorRT's choice); for 16-bit, half the
     histogram. The 2**15 a 16-bit type could hold would need a histogram of over 32,768
@@ -358,8 +397,14 @@ def _quantized_bins(activation_type: str, num_bins: int) -> int:
     return 128 if activation_type.endswith("8") else max(128, num_bins // 2)
 
 
+def calibration_options(config: QuantizeOptions) -> dict[str, Any] | None:
+    """The calibration options that are set, as feeds.feeds_for reads them (None: none)."""
+    cal = config.calibration
+    return None if cal is None else {k: v for k, v in vars(cal).items() if v is not None}
+
+
 def _source_name(cal: dict[str, Any]) -> str:
-    for key in ("npz", "images", "inputs_from"):
+    for key in ("npz", "images", "dataset", "inputs_from"):
         if cal.get(key):
             return f"{key}: {cal[key]}"
     return "synthetic (catalog I/O contract)"

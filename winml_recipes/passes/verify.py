@@ -2,27 +2,91 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from winml_recipes.engine.registry import Pass, check_component, register
-from winml_recipes.engine.types import ModelFacts, PlanContext, StepContext, StepResult
-from winml_recipes.errors import PassError, QualityGateError
-from winml_recipes.presets import Target
+from winml_recipes.sdk.config import option
+from winml_recipes.sdk.errors import PassError, QualityGateError
+from winml_recipes.sdk.passes import Pass, check_component, register
+from winml_recipes.sdk.target import Target
+from winml_recipes.sdk.types import ModelFacts, PlanContext, StepContext, StepResult
 
 if TYPE_CHECKING:
-    from winml_recipes.engine.budget import EstimateInputs, MemoryEstimate
+    from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
 
-_THRESHOLDS = {
-    "min_sqnr_db": {"type": "number", "description": "Minimum SQNR in dB."},
-    "min_cosine": {"type": "number", "minimum": -1, "maximum": 1},
-    "max_abs": {"type": "number", "minimum": 0, "description": "Maximum absolute error."},
-}
+
+@dataclass(frozen=True)
+class Thresholds:
+    min_sqnr_db: float | None = option(None, "Minimum SQNR in dB.")
+    min_cosine: float | None = option(None, minimum=-1, maximum=1)
+    max_abs: float | None = option(None, "Maximum absolute error.", minimum=0)
+
+
+THRESHOLDS = tuple(f.name for f in fields(Thresholds))
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    min_sqnr_db: float = option(30.0, "Minimum SQNR in dB.")
+    min_cosine: float = option(0.99, minimum=-1, maximum=1)
+    max_abs: float | None = option(None, "Maximum absolute error.", minimum=0)
+    samples: int = option(2, minimum=1, maximum=64)
+    seed: int = option(0, minimum=0)
+    npz: str | None = option(
+        None,
+        "Held-out data: .npz files (a glob, relative to the recipe), as for calibration; the "
+        "first `skip` samples are left out.",
+    )
+    images: str | None = option(
+        None,
+        "Held-out data: an image folder, preprocessed as the catalog input's `image:` block says.",
+    )
+    dataset: str | None = option(
+        None,
+        "Held-out data: a Hugging Face `datasets` split saved with save_to_disk (`PATH:SPLIT` "
+        "for a DatasetDict), as for calibration; the first `skip` rows are left out.",
+    )
+    skip: int = option(
+        0,
+        "With npz/images/dataset: leave out the first N samples (e.g. the ones calibration used "
+        "from the same files).",
+        minimum=0,
+    )
+    inputs_from: str | None = option(
+        None,
+        "Feed the inputs that this component's float model produces from that component's "
+        "float model run on seeded inputs (e.g. the SAM 3 decoder verified on real encoder "
+        "embeddings).",
+    )
+    allow_cpu_fallback: bool = option(
+        False,
+        "Let nodes the target's EP refuses run on the CPU EP (off: the build fails naming "
+        "them). Ignored for CPU targets.",
+    )
+    on_target: bool = option(
+        True,
+        "Run the candidate on the target's EP. false: on the CPU EP, recorded as verified_on: "
+        "cpu-simulation (for graphs the emulated EP cannot hold in this machine's memory).",
+    )
+    require_ep: bool = option(
+        False,
+        "Fail where the target's EP cannot load on this host, instead of verifying on the CPU "
+        "simulation (recorded as verified_on: cpu-simulation).",
+    )
+    compare_simulation: bool = option(
+        True,
+        "Also run the candidate on the CPU EP and record those metrics, to show where the "
+        "target diverges from the simulation.",
+    )
+    outputs: Mapping[str, Thresholds] | None = option(
+        None, "Per-output thresholds overriding the ones above."
+    )
 
 
 @register
-class VerifyPass(Pass):
+class VerifyPass(Pass[VerifyConfig]):
     name = "verify"
     version = 2
     summary = (
@@ -31,82 +95,14 @@ class VerifyPass(Pass):
     )
     uses_reference = True
     uses_contract = True
-    options_schema = {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {
-            "min_sqnr_db": {**_THRESHOLDS["min_sqnr_db"], "default": 30.0},
-            "min_cosine": {**_THRESHOLDS["min_cosine"], "default": 0.99},
-            "max_abs": _THRESHOLDS["max_abs"],
-            "samples": {"type": "integer", "minimum": 1, "maximum": 64, "default": 2},
-            "seed": {"type": "integer", "minimum": 0, "default": 0},
-            "npz": {
-                "type": "string",
-                "description": "Held-out data: .npz files (a glob, relative to the recipe), "
-                "as for calibration; the first `skip` samples are left out.",
-            },
-            "images": {
-                "type": "string",
-                "description": "Held-out data: an image folder, preprocessed as the catalog "
-                "input's `image:` block says.",
-            },
-            "skip": {
-                "type": "integer",
-                "minimum": 0,
-                "default": 0,
-                "description": "With npz/images: leave out the first N samples (e.g. the "
-                "ones calibration used from the same files).",
-            },
-            "inputs_from": {
-                "type": "string",
-                "description": "Feed the inputs that this component's float model produces "
-                "from that component's float model run on seeded inputs (e.g. the SAM 3 "
-                "decoder verified on real encoder embeddings).",
-            },
-            "allow_cpu_fallback": {
-                "type": "boolean",
-                "default": False,
-                "description": "Let nodes the target's EP refuses run on the CPU EP (off: the "
-                "build fails naming them). Ignored for CPU targets.",
-            },
-            "on_target": {
-                "type": "boolean",
-                "default": True,
-                "description": "Run the candidate on the target's EP. false: on the CPU EP, "
-                "recorded as verified_on: cpu-simulation (for graphs the emulated EP cannot "
-                "hold in this machine's memory).",
-            },
-            "require_ep": {
-                "type": "boolean",
-                "default": False,
-                "description": "Fail where the target's EP cannot load on this host, instead "
-                "of verifying on the CPU simulation (recorded as verified_on: cpu-simulation).",
-            },
-            "compare_simulation": {
-                "type": "boolean",
-                "default": True,
-                "description": "Also run the candidate on the CPU EP and record those metrics, "
-                "to show where the target diverges from the simulation.",
-            },
-            "outputs": {
-                "type": "object",
-                "description": "Per-output thresholds overriding the ones above.",
-                "additionalProperties": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "properties": _THRESHOLDS,
-                },
-            },
-        },
-    }
 
-    def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
+    def skip_reason(self, facts: ModelFacts, config: VerifyConfig, target: Target) -> str | None:
         if not facts.has_reference:
             return "no float reference to compare with (the source is quantized: add dequantize)"
         return None
 
     def estimate_memory(
-        self, src: Path, options: dict[str, Any], inputs: EstimateInputs
+        self, src: Path, config: VerifyConfig, inputs: EstimateInputs
     ) -> MemoryEstimate | None:
         from winml_recipes.engine.budget import forward_estimate, larger
 
@@ -125,13 +121,13 @@ class VerifyPass(Pass):
             )
         return best
 
-    def check(self, options: dict[str, Any], ctx: PlanContext) -> None:
+    def check(self, config: VerifyConfig, ctx: PlanContext) -> None:
         import difflib
 
-        from winml_recipes.errors import PlanError
+        from winml_recipes.sdk.errors import PlanError
 
         known = [s.name for s in ctx.contract.outputs]
-        for name in options.get("outputs", {}):
+        for name in config.outputs or {}:
             if name not in known:
                 close = difflib.get_close_matches(name, known, n=1)
                 hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -139,37 +135,40 @@ class VerifyPass(Pass):
                     f"verify.outputs: '{name}' is not an output of {ctx.component}{hint}; "
                     f"outputs: {', '.join(known)}"
                 )
-        if options.get("inputs_from"):
-            check_component(options["inputs_from"], ctx, "verify.inputs_from")
-        chosen = [k for k in ("npz", "images", "inputs_from") if options.get(k)]
+        if config.inputs_from:
+            check_component(config.inputs_from, ctx, "verify.inputs_from")
+        chosen = [k for k in ("npz", "images", "dataset", "inputs_from") if getattr(config, k)]
         if len(chosen) > 1:
             raise PlanError(f"verify: {' and '.join(chosen)} are two data sources; keep one")
-        if options.get("npz"):
+        if config.npz:
             from winml_recipes.feeds import check_npz, npz_files
 
-            check_npz(npz_files(options["npz"], ctx.recipe_dir), ctx.contract)
-        if options.get("images"):
+            check_npz(npz_files(config.npz, ctx.recipe_dir), ctx.contract)
+        if config.images:
             from winml_recipes.feeds import image_files
 
-            image_files(options["images"], ctx.recipe_dir)
+            image_files(config.images, ctx.recipe_dir)
+        if config.dataset:
+            from winml_recipes.hfdata import check_split, open_split
 
-    def key_material(self, options: dict[str, Any], ctx: StepContext) -> Any:
+            check_split(open_split(config.dataset, ctx.recipe_dir), ctx.contract)
+
+    def key_material(self, config: VerifyConfig, ctx: StepContext) -> Any:
         from winml_recipes.feeds import upstream_data_digest
         from winml_recipes.runtime.providers import identity, provider_for_device
 
-        source = _data_source(options)
+        source = _data_source(config)
         # A result measured on the CPU simulation must not be served once the EP loads.
         return {
             "data": upstream_data_digest(source, ctx.upstream, ctx.recipe_dir),
             "execution_provider": identity(provider_for_device(ctx.target.device).key),
         }
 
-    def depends_on(self, options: dict[str, Any]) -> tuple[str, ...]:
-        src = options.get("inputs_from")
-        return (src,) if src else ()
+    def depends_on(self, config: VerifyConfig) -> tuple[str, ...]:
+        return (config.inputs_from,) if config.inputs_from else ()
 
     def run(
-        self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
+        self, src: Path | None, out_dir: Path, config: VerifyConfig, ctx: StepContext
     ) -> StepResult:
         from winml_recipes.feeds import UpstreamFeeds, feeds_for, outputs_for, take
         from winml_recipes.onnx.metrics import compare_runs
@@ -180,7 +179,7 @@ class VerifyPass(Pass):
         if ctx.reference is None:
             raise PassError("no float reference to compare with")
         same_model = bool(ctx.reference_digest) and ctx.input_digest == ctx.reference_digest
-        if same_model and _runs_on_cpu(ctx.target.device, options):
+        if same_model and _runs_on_cpu(ctx.target.device, config):
             # The same model on the same EP would score perfectly whatever happened.
             return StepResult(
                 None,
@@ -189,18 +188,18 @@ class VerifyPass(Pass):
             )
         contract = ctx.contract
         # Verification seeds differ from calibration seeds: quality is measured on unseen data.
-        seed = options["seed"] + ctx.seed + 7919
+        seed = config.seed + ctx.seed + 7919
         factory = feeds_for(
-            _data_source(options),
+            _data_source(config),
             contract,
             ctx.recipe_dir,
             ctx.upstream,
-            options["samples"],
+            config.samples,
             seed,
             ctx.store,
-            skip=options["skip"],
+            skip=config.skip,
         )
-        feeds = take(factory, options["samples"])
+        feeds = take(factory, config.samples)
         # An upstream component's reference outputs are kept for its downstream's verify.
         samples = len(feeds)
         reference = outputs_for(
@@ -215,19 +214,28 @@ class VerifyPass(Pass):
             src,
             feeds,
             ctx.target.device,
-            options,
+            {
+                "allow_cpu_fallback": config.allow_cpu_fallback,
+                "require_ep": config.require_ep,
+                "on_target": config.on_target,
+            },
             on_sample=lambda done: ctx.progress("samples on the target", done, samples),
         )
         _check_output_shapes(target.outputs[0], ctx)
         metrics = compare_runs(reference, target.outputs)
-        record: dict[str, Any] = {"samples": options["samples"], **target.record}
+        record: dict[str, Any] = {"samples": config.samples, **target.record}
+        source = _data_source(config)
+        if source:  # which data the metrics were measured on, and how many samples it gave
+            key = next(iter(source))
+            record["data_source"] = f"{key}: {source[key]}"
+            record["data_samples"] = samples
         if isinstance(factory, UpstreamFeeds):
             record["upstream_forwards"] = {"computed": factory.computed, "reused": factory.reused}
-        if options["compare_simulation"] and target.verified_on not in ("cpu", "cpu-simulation"):
+        if config.compare_simulation and target.verified_on not in ("cpu", "cpu-simulation"):
             simulated = compare_runs(reference, run_model(src, feeds))
             record["cpu_simulation"] = {"outputs": simulated}
         record["outputs"] = metrics
-        failures = _failures(metrics, options)
+        failures = _failures(metrics, config)
         if failures:
             raise QualityGateError(
                 f"verification on {target.verified_on} failed: " + "; ".join(failures)
@@ -235,20 +243,21 @@ class VerifyPass(Pass):
         return StepResult(None, record)
 
 
-def _runs_on_cpu(device: str, options: dict[str, Any]) -> bool:
+def _runs_on_cpu(device: str, config: VerifyConfig) -> bool:
     """Whether the candidate would run on the CPU EP, like the reference (an unchanged
     model on the NPU's EP is still a real comparison: other arithmetic)."""
     from winml_recipes.runtime.providers import availability, provider_for_device
 
     ep = provider_for_device(device)
-    if ep.is_cpu or not options.get("on_target", True):
+    if ep.is_cpu or not config.on_target:
         return True
     return not availability(ep.key).available
 
 
-def _data_source(options: dict[str, Any]) -> dict[str, Any] | None:
+def _data_source(config: VerifyConfig) -> dict[str, Any] | None:
     """Calibration-style data options for feeds_for (None: seeded synthetic inputs)."""
-    source = {k: options[k] for k in ("npz", "images", "inputs_from") if options.get(k)}
+    keys = ("npz", "images", "dataset", "inputs_from")
+    source = {k: getattr(config, k) for k in keys if getattr(config, k)}
     return source or None
 
 
@@ -269,11 +278,14 @@ def _check_output_shapes(outputs: dict[str, Any], ctx: StepContext) -> None:
             raise PassError(f"output '{spec.name}' has shape {list(got)}, the catalog says {shown}")
 
 
-def _failures(metrics: dict[str, dict[str, float]], options: dict[str, Any]) -> list[str]:
+def _failures(metrics: dict[str, dict[str, float]], config: VerifyConfig) -> list[str]:
     out = []
-    per_output = options.get("outputs", {})
+    per_output = config.outputs or {}
     for name, m in metrics.items():
-        limits = {k: options.get(k) for k in _THRESHOLDS} | per_output.get(name, {})
+        limits = {k: getattr(config, k) for k in THRESHOLDS}
+        if name in per_output:
+            given = {k: getattr(per_output[name], k) for k in THRESHOLDS}
+            limits |= {k: v for k, v in given.items() if v is not None}
         if limits.get("min_sqnr_db") is not None and m["sqnr_db"] < limits["min_sqnr_db"]:
             out.append(f"{name}: SQNR {m['sqnr_db']:.2f} dB < {limits['min_sqnr_db']} dB")
         if limits.get("min_cosine") is not None and m["cosine"] < limits["min_cosine"]:

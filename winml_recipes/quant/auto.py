@@ -20,9 +20,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from winml_recipes.engine.types import StepContext
-from winml_recipes.errors import ExecutionProviderError
 from winml_recipes.quant.config import QuantConfig
+from winml_recipes.sdk.errors import ExecutionProviderError
+from winml_recipes.sdk.types import StepContext
 
 
 def _score(
@@ -35,6 +35,10 @@ def _score(
     run = run_on_target(candidate, feeds, device, {"allow_cpu_fallback": True})
     metrics = compare_runs(reference, run.outputs)
     return {name: round(m["sqnr_db"], 3) for name, m in metrics.items()}
+
+
+def _already(overrides: dict[str, list[dict[str, Any]]], tensor: str, wide: str) -> bool:
+    return any(o.get("quant_type") == wide for o in overrides.get(tensor, []))
 
 
 def scored_on(device: str) -> str:
@@ -105,6 +109,10 @@ def promote(
         # Tensors that must share one encoding on the target are promoted together.
         batch = list(dict.fromkeys(m for t in batch for m in group_of.get(t, [t])))
         candidates = [t for t in candidates if t not in batch]
+        # a group member a region already made `wide` changes nothing: not counted
+        batch = [t for t in batch if not _already(overrides, t, wide)]
+        if not batch:
+            continue
         trial_overrides = {
             **overrides,
             **{t: [{"quant_type": wide}] for t in [*promoted, *batch]},

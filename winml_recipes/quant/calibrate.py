@@ -37,11 +37,12 @@ from onnxruntime.quantization.calibrate import (
     save_tensors_data,
 )
 
-from winml_recipes.errors import PassError
 from winml_recipes.onnx.io import load_model, save_model, sidecar_paths
+from winml_recipes.quant.config import CALIBRATION_METHODS, CalibrationConfig
 from winml_recipes.runtime.sessions import calibration_session
+from winml_recipes.sdk.errors import PassError
 
-METHODS = ("minmax", "entropy", "percentile", "distribution")
+METHODS = tuple(CALIBRATION_METHODS)
 # Element types ORT calibrates (MinMaxCalibrater.select_tensors_to_calibrate).
 CALIBRATED_ELEM_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16})
 # distribution: range = mean ± DISTRIBUTION_STDS · std, clipped to the observed min/max.
@@ -56,7 +57,7 @@ Feeds = Iterable[Feed] | Callable[[], Iterable[Feed]]
 
 @dataclass(frozen=True)
 class CalibrationSettings:
-    method: str = "minmax"  # "minmax" | "entropy" | "percentile" | "distribution"
+    method: str = CalibrationConfig.method  # "minmax" | "entropy" | "percentile" | ...
     num_bins: int = 2048  # histogram bins for the histogram methods
     num_quantized_bins: int = 128  # entropy: target bins over [0, threshold] of |x|
     percentile: float = 99.999  # percentile method: share of the values kept, in %
@@ -500,6 +501,7 @@ def calibrate(
     work_dir: Path | None = None,
     on_outputs: Callable[[dict, dict[str, np.ndarray]], None] | None = None,
     nonfinite: list[str] | None = None,
+    sentinels: dict[str, dict[str, list[float]]] | None = None,
 ) -> dict[str, tuple[float, float]]:
     """{tensor: (low, high)} for the float activations of `model_path`, as python floats.
 
@@ -585,11 +587,117 @@ def calibrate(
             if name not in skipped
         }
         names = [n for n in names if n not in skipped]
+        if sentinels is not None:
+            huge = [n for n in names if max(-observed[n][0], observed[n][1]) >= SENTINEL]
+            if huge:
+                inner = _inner_ranges(model, huge, infos, feeds, out_dir, weights_dir, where)
+                for name in huge:
+                    clamped = _clamp_sentinel(observed[name], inner[name])
+                    sentinels[name] = {"observed": list(observed[name]), "range": list(clamped)}
+                    observed[name] = clamped
         if histogram:
             observed = _histogram_ranges(
                 model, names, infos, observed, feeds, settings, out_dir, weights_dir, where
             )
     return {name: _finish(lo, hi, settings.symmetric) for name, (lo, hi) in observed.items()}
+
+
+# Values this large are sentinels, not data: an additive attention mask of float32's min
+# (transformers' `(1 - mask) * finfo.min`), or a "minus infinity" written as -1e38. A range
+# that covers them leaves the real values no resolution (a 16-bit step of 5e33).
+SENTINEL = 1e30
+# How far below (above) the other values a clamped sentinel lands: a masked attention score
+# then weighs exp(-32) ~ 1e-14 in its softmax, as good as zero.
+SENTINEL_DEPTH = 32.0
+
+
+def _clamp_sentinel(
+    observed: tuple[float, float], inner: tuple[float, float]
+) -> tuple[float, float]:
+    """The range of the values that are not sentinels, widened by SENTINEL_DEPTH on the side
+    that had them: a sentinel then quantizes to the range's end."""
+    lo, hi = observed
+    in_lo, in_hi = inner
+    if in_lo > in_hi:  # nothing but sentinels (and zeros)
+        in_lo = in_hi = 0.0
+    return (
+        in_lo - SENTINEL_DEPTH if lo <= -SENTINEL else min(lo, in_lo),
+        in_hi + SENTINEL_DEPTH if hi >= SENTINEL else max(hi, in_hi),
+    )
+
+
+def replace_sentinel_constants(
+    model: onnx.ModelProto, sentinels: Mapping[str, Mapping[str, list[float]]]
+) -> list[str]:
+    """Constants holding sentinels (|v| >= SENTINEL) that make a clamped tensor take the
+    clamped range's end instead; returns their names.
+
+    The quantized model sees the clamped value anyway (QuantizeLinear saturates), so the
+    float graph it is made from may as well compute it: a Where(mask, 0, -3.4e38) left
+    with its float constant fails to finalize on QNN HTP (QNN_COMMON_ERROR_MEM_ALLOC).
+    """
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    constants = {n.output[0]: n for n in model.graph.node if n.op_type == "Constant"}
+    replaced: list[str] = []
+    for node in model.graph.node:
+        clamped = next((sentinels[o]["range"] for o in node.output if o in sentinels), None)
+        if clamped is None:
+            continue
+        for name in node.input:
+            if name in replaced:
+                continue
+            if name in inits:
+                tensor = inits[name]
+            elif name in constants:
+                attr = next((a for a in constants[name].attribute if a.name == "value"), None)
+                if attr is None:
+                    continue
+                tensor = attr.t
+            else:
+                continue
+            value = numpy_helper.to_array(tensor)
+            if value.dtype.kind != "f" or not (np.abs(value) >= SENTINEL).any():
+                continue
+            fixed = np.where(value <= -SENTINEL, clamped[0], value)
+            fixed = np.where(fixed >= SENTINEL, clamped[1], fixed).astype(value.dtype)
+            tensor.CopyFrom(numpy_helper.from_array(fixed, tensor.name))
+            replaced.append(name)
+    return replaced
+
+
+def _inner_ranges(
+    model: onnx.ModelProto,
+    names: Sequence[str],
+    infos: Mapping[str, onnx.ValueInfoProto],
+    feeds: Feeds,
+    out_dir: Path,
+    weights_dir: Path | None,
+    where: str,
+) -> dict[str, tuple[float, float]]:
+    """Min and max of the values of `names` below SENTINEL in magnitude (a second pass over
+    the samples, reading only these tensors). One-shot feeds cannot be read twice: the
+    range is then the sentinel side's depth around 0."""
+    out = {n: (math.inf, -math.inf) for n in names}
+    if not callable(feeds) and iter(feeds) is feeds:
+        return out
+    graph_inputs = {i.name for i in model.graph.input}
+    from_run = [n for n in names if n not in graph_inputs]
+    aug = _outputs_model(model, from_run, infos) if from_run else model
+    session = _session(aug, out_dir / "calibrate-sentinels.onnx", weights_dir)
+    del aug
+    requested = from_run or [session.get_outputs()[0].name]
+    for feed, values in _stream(session, requested, feeds, where):
+        arrays = {n: feed[n] for n in names if n in graph_inputs}
+        arrays.update(zip(from_run, values, strict=False))
+        for name, value in arrays.items():
+            kept = value[np.abs(value) < SENTINEL]
+            if kept.size:
+                lo, hi = out[name]
+                out[name] = (min(lo, float(kept.min())), max(hi, float(kept.max())))
+        del feed, values, arrays
+    return out
 
 
 def _histogram_ranges(

@@ -6,136 +6,119 @@ change. Nothing else in the project builds a quantization configuration.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
-from winml_recipes.errors import PlanError
-from winml_recipes.presets import Target, device_settings, precision_settings
+from winml_recipes.presets import device_settings, precision_settings
+from winml_recipes.sdk.config import Schema, config_schema, option
+from winml_recipes.sdk.errors import PlanError
+from winml_recipes.sdk.target import Target
 
-QUANT_TYPES = ["uint8", "int8", "uint16", "int16"]
-CALIBRATION_METHODS = ["minmax", "entropy", "percentile", "distribution"]
-
-CALIBRATION_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "description": "Static calibration. Data: synthetic from the catalog I/O contract unless "
-    "one of npz, images or inputs_from is given.",
-    "properties": {
-        "method": {"enum": CALIBRATION_METHODS, "default": "minmax"},
-        "samples": {"type": "integer", "minimum": 1, "maximum": 4096, "default": 16},
-        "seed": {"type": "integer", "minimum": 0, "default": 0},
-        "percentile": {"type": "number", "exclusiveMinimum": 50, "maximum": 100},
-        "num_bins": {"type": "integer", "minimum": 128, "maximum": 65536},
-        "npz": {
-            "type": "string",
-            "description": "A .npz file or a glob of them (relative to the recipe); one sample "
-            "per file, or arrays with a leading sample axis.",
-        },
-        "images": {
-            "type": "string",
-            "description": "A folder of images, preprocessed as the catalog entry says.",
-        },
-        "samples_per_upstream": {
-            "type": "integer",
-            "minimum": 1,
-            "maximum": 64,
-            "default": 1,
-            "description": "With inputs_from: how many samples share one upstream output (one "
-            "image's embeddings with several prompts; an encoder forward is costly).",
-        },
-        "inputs_from": {
-            "type": "string",
-            "description": "Run this component's float model on its own calibration inputs and "
-            "feed its outputs to the inputs of the same name here.",
-        },
-    },
-}
-
-MIXED_REGION_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["type"],
-    "properties": {
-        "tensors": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-        "nodes": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-        "type": {"enum": [*QUANT_TYPES, "float"]},
-    },
-    "oneOf": [{"required": ["tensors"]}, {"required": ["nodes"]}],
-}
-
-MIXED_AUTO_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["auto"],
-    "properties": {
-        "auto": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["target_sqnr_db"],
-            "properties": {
-                "target_sqnr_db": {"type": "number"},
-                "max_promoted": {"type": "integer", "minimum": 1, "default": 16},
-                "type": {"enum": ["uint16", "int16"], "default": "uint16"},
-                "samples": {"type": "integer", "minimum": 1, "maximum": 64, "default": 4},
-            },
-        }
-    },
-}
-
-QUANTIZE_OPTIONS_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "mode": {"enum": ["static", "dynamic"], "default": "static"},
-        "format": {"enum": ["qdq", "qoperator"], "description": "Default: the device preset."},
-        "activation_type": {"enum": QUANT_TYPES, "description": "Default: the precision."},
-        "weight_type": {"enum": QUANT_TYPES, "description": "Default: the precision."},
-        "per_channel": {"type": "boolean", "description": "Default: the device preset."},
-        "activation_symmetric": {"type": "boolean", "description": "Default: false."},
-        "weight_symmetric": {
-            "type": "boolean",
-            "description": "Default: true for signed weight types.",
-        },
-        "reduce_range": {"type": "boolean", "description": "Default: false."},
-        "op_types": {
-            "type": "array",
-            "items": {"type": "string"},
-            "description": "Op types to quantize (default: every type onnxruntime can).",
-        },
-        "exclude": {
-            "type": "array",
-            "items": {"type": "string"},
-            "description": "Node-name globs left in float.",
-        },
-        "qnn": {
-            "type": "boolean",
-            "description": "Apply QNN execution-provider rules (get_qnn_qdq_config). "
-            "Default: the device preset.",
-        },
-        "calibration": CALIBRATION_SCHEMA,
-        "mixed_precision": {
-            "description": "Regions kept at another precision, or {auto: {...}} to promote the "
-            "most damaging activations to 16 bit until a target SQNR.",
-            "anyOf": [
-                {"type": "array", "items": MIXED_REGION_SCHEMA, "minItems": 1},
-                MIXED_AUTO_SCHEMA,
-            ],
-        },
-    },
-}
+QuantType = Literal["uint8", "int8", "uint16", "int16"]
+QUANT_TYPES = list(get_args(QuantType))
+CalibrationMethod = Literal["minmax", "entropy", "percentile", "distribution"]
+CALIBRATION_METHODS = list(get_args(CalibrationMethod))
 
 
 @dataclass(frozen=True)
 class CalibrationConfig:
-    method: str = "minmax"
-    samples: int = 16
-    seed: int = 0
-    percentile: float = 99.999
-    num_bins: int = 2048
-    npz: str | None = None
-    images: str | None = None
-    inputs_from: str | None = None
-    samples_per_upstream: int = 1
+    """The calibration options: the one place their defaults are defined (the schema is
+    generated from it; percentile and num_bins, unset, take the calibrator's own)."""
+
+    schema_extra: ClassVar[dict[str, Any]] = {
+        "description": "Static calibration. Data: synthetic from the catalog I/O contract "
+        "unless one of npz, images, dataset or inputs_from is given."
+    }
+
+    method: CalibrationMethod = "minmax"
+    samples: int = option(16, minimum=1, maximum=4096)
+    seed: int = option(0, minimum=0)
+    percentile: float | None = option(None, exclusiveMinimum=50, maximum=100)
+    num_bins: int | None = option(None, minimum=128, maximum=65536)
+    npz: str | None = option(
+        None,
+        "A .npz file or a glob of them (relative to the recipe); one sample per file, or "
+        "arrays with a leading sample axis.",
+    )
+    images: str | None = option(None, "A folder of images, preprocessed as the catalog entry says.")
+    dataset: str | None = option(
+        None,
+        "A Hugging Face `datasets` split saved with save_to_disk: a folder, relative to the recipe "
+        "(`PATH:SPLIT` for a DatasetDict). A column per model input, by name; one sample per "
+        "row. Read with pyarrow (pip install 'winml-recipes[datasets]').",
+    )
+    samples_per_upstream: int = option(
+        1,
+        "With inputs_from: how many samples share one upstream output (one image's "
+        "embeddings with several prompts; an encoder forward is costly).",
+        minimum=1,
+        maximum=64,
+    )
+    inputs_from: str | None = option(
+        None,
+        "Run this component's float model on its own calibration inputs and feed its "
+        "outputs to the inputs of the same name here.",
+    )
+
+
+@dataclass(frozen=True)
+class MixedRegion:
+    schema_extra: ClassVar[dict[str, Any]] = {
+        "oneOf": [{"required": ["tensors"]}, {"required": ["nodes"]}]
+    }
+
+    type: Literal[QuantType, "float"]
+    tensors: tuple[str, ...] | None = option(None, minItems=1)
+    nodes: tuple[str, ...] | None = option(None, minItems=1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(self).items() if v}
+
+
+@dataclass(frozen=True)
+class AutoPromotion:
+    target_sqnr_db: float
+    max_promoted: int = option(16, minimum=1)
+    type: Literal["uint16", "int16"] = "uint16"
+    samples: int = option(4, minimum=1, maximum=64)
+
+
+@dataclass(frozen=True)
+class MixedAuto:
+    auto: AutoPromotion
+
+
+@dataclass(frozen=True)
+class QuantizeOptions:
+    """The quantize step's options; unset ones come from the precision and device presets."""
+
+    mode: Literal["static", "dynamic"] = "static"
+    format: Literal["qdq", "qoperator"] | None = option(None, "Default: the device preset.")
+    activation_type: QuantType | None = option(None, "Default: the precision.")
+    weight_type: QuantType | None = option(None, "Default: the precision.")
+    per_channel: bool | None = option(None, "Default: the device preset.")
+    activation_symmetric: bool | None = option(None, "Default: false.")
+    weight_symmetric: bool | None = option(None, "Default: true for signed weight types.")
+    reduce_range: bool | None = option(None, "Default: false.")
+    op_types: tuple[str, ...] | None = option(
+        None, "Op types to quantize (default: every type onnxruntime can)."
+    )
+    exclude: tuple[str, ...] | None = option(None, "Node-name globs left in float.")
+    qnn: bool | None = option(
+        None,
+        "Apply QNN execution-provider rules (get_qnn_qdq_config). Default: the device preset.",
+    )
+    calibration: CalibrationConfig | None = None
+    mixed_precision: Annotated[tuple[MixedRegion, ...], Schema(minItems=1)] | MixedAuto | None = (
+        option(
+            None,
+            "Regions kept at another precision, or {auto: {...}} to promote the most damaging "
+            "activations to 16 bit until a target SQNR.",
+        )
+    )
+
+
+QUANTIZE_OPTIONS_SCHEMA: dict[str, Any] = config_schema(QuantizeOptions)
 
 
 @dataclass(frozen=True)
@@ -161,7 +144,7 @@ class QuantConfig:
         return asdict(self)
 
 
-def resolve(options: dict[str, Any], target: Target) -> QuantConfig:
+def resolve(options: QuantizeOptions, target: Target) -> QuantConfig:
     """Merge recipe options over the precision and device presets; refuse contradictions."""
     precision = precision_settings(target.precision)
     if precision["kind"] != "integer":
@@ -170,25 +153,22 @@ def resolve(options: dict[str, Any], target: Target) -> QuantConfig:
             "uint8, int8, w8a16 (use the fp16 pass for fp16)"
         )
     device = device_settings(target.device).get("quantize", {})
-    mode = options.get("mode", "static")
-    fmt = options.get("format", device.get("format", "qdq"))
+    o = options
+    mode = o.mode
+    fmt = _given(o.format, device.get("format", "qdq"))
     qnn_default = device.get("qnn", False) and mode == "static" and fmt == "qdq"
-    qnn = options.get("qnn", qnn_default)
-    weight_type = options.get("weight_type", precision["weight_type"])
-    activation_type = options.get("activation_type", precision["activation_type"])
-    calibration = options.get("calibration")
+    qnn = _given(o.qnn, qnn_default)
+    weight_type = _given(o.weight_type, precision["weight_type"])
+    activation_type = _given(o.activation_type, precision["activation_type"])
+    per_channel = _given(o.per_channel, device.get("per_channel", False))
     if fmt == "qoperator" and qnn:
         raise PlanError(
             "quantize: format qoperator cannot be used with qnn (QNN needs QDQ); "
             "set format: qdq or qnn: false"
         )
     if mode == "dynamic":
-        fmt, activation_type = _check_dynamic(options, target, device, precision)
-    elif (
-        "weight_symmetric" in options
-        and not options["weight_symmetric"]
-        and options.get("per_channel", device.get("per_channel", False))
-    ):
+        fmt, activation_type = _check_dynamic(o, target, precision)
+    elif o.weight_symmetric is False and per_channel:
         raise PlanError(
             "quantize: onnxruntime quantizes per-channel weights symmetrically, so "
             "weight_symmetric: false does nothing; set per_channel: false or remove it"
@@ -198,75 +178,78 @@ def resolve(options: dict[str, Any], target: Target) -> QuantConfig:
             f"quantize: {activation_type} activations need format: qdq; set format: qdq "
             "or an 8-bit activation_type"
         )
-    if fmt == "qoperator" and options.get("mixed_precision"):
+    if fmt == "qoperator" and o.mixed_precision:
         raise PlanError(
             "quantize: mixed_precision needs format: qdq; set format: qdq or remove mixed_precision"
         )
-    mixed = options.get("mixed_precision")
-    regions = tuple(mixed) if isinstance(mixed, list) else ()
-    auto = dict(mixed["auto"]) if isinstance(mixed, dict) else None
-    if auto is not None:
-        auto.setdefault("max_promoted", 16)
-        auto.setdefault("type", "uint16")
-        auto.setdefault("samples", 4)
+    mixed = o.mixed_precision
+    regions = tuple(r.to_dict() for r in mixed) if isinstance(mixed, tuple) else ()
+    auto = asdict(mixed.auto) if isinstance(mixed, MixedAuto) else None
     cal = None
     if mode == "static":
         _check_ort_combination(fmt, activation_type, weight_type)
-        c = dict(calibration or {})
-        sources = [k for k in ("npz", "images", "inputs_from") if k in c]
+        c = o.calibration or CalibrationConfig()
+        sources = [
+            k for k in ("npz", "images", "dataset", "inputs_from") if getattr(c, k) is not None
+        ]
         if len(sources) > 1:
             raise PlanError(
                 f"quantize.calibration: {' and '.join(sources)} are two data sources; "
                 "keep one of them"
             )
-        if "percentile" in c and c.get("method", "minmax") != "percentile":
+        if c.percentile is not None and c.method != "percentile":
             raise PlanError(
                 "quantize.calibration: percentile is only used by method: percentile; "
                 "set method: percentile or remove percentile"
             )
-        if "num_bins" in c and c.get("method", "minmax") == "minmax":
+        if c.num_bins is not None and c.method == "minmax":
             raise PlanError(
                 "quantize.calibration: num_bins is only used by the histogram "
                 "methods; set method: entropy, percentile or distribution, or remove num_bins"
             )
-        if c.get("samples_per_upstream", 1) != 1 and not c.get("inputs_from"):
+        if c.samples_per_upstream != 1 and not c.inputs_from:
             raise PlanError(
                 "quantize.calibration: samples_per_upstream needs inputs_from; add "
                 "inputs_from or remove samples_per_upstream"
             )
-        cal = CalibrationConfig(**c)
-    weight_symmetric = options.get("weight_symmetric", weight_type.startswith("int"))
+        cal = c
+    weight_symmetric = _given(o.weight_symmetric, weight_type.startswith("int"))
     return QuantConfig(
         mode=mode,
         format=fmt,
         activation_type=activation_type,
         weight_type=weight_type,
-        per_channel=options.get("per_channel", device.get("per_channel", False)),
-        activation_symmetric=options.get("activation_symmetric", False),
+        per_channel=per_channel,
+        activation_symmetric=_given(o.activation_symmetric, False),
         weight_symmetric=weight_symmetric,
-        reduce_range=options.get("reduce_range", False),
+        reduce_range=_given(o.reduce_range, False),
         qnn=qnn,
-        op_types=tuple(options.get("op_types", ())),
-        exclude=tuple(options.get("exclude", ())),
+        op_types=o.op_types or (),
+        exclude=o.exclude or (),
         calibration=cal,
         regions=regions,
         auto=auto,
     )
 
 
+def _given(value: Any, default: Any) -> Any:
+    """An option the recipe set (not None), else the preset's value."""
+    return default if value is None else value
+
+
 def _check_dynamic(
-    options: dict[str, Any],
+    options: QuantizeOptions,
     target: Target,
-    device: dict[str, Any],
     precision: dict[str, Any],
 ) -> tuple[str, str]:
     """Dynamic mode: integer ops (MatMulInteger/ConvInteger) with run-time u8 activations."""
-    if options.get("calibration") is not None:
+    device = device_settings(target.device).get("quantize", {})
+    if options.calibration is not None:
         raise PlanError(
             "quantize: calibration options do nothing in dynamic mode (ranges are computed at "
             "run time); remove calibration or use mode: static"
         )
-    if options.get("qnn"):
+    if options.qnn:
         raise PlanError(
             "quantize: qnn needs mode: static (QNN runs static QDQ models); set qnn: false or "
             "mode: static"
@@ -276,21 +259,20 @@ def _check_dynamic(
             f"quantize: {target.device} runs static QDQ models (QNN); mode: dynamic writes "
             "integer ops it cannot run; use mode: static"
         )
-    if options.get("mixed_precision"):
+    if options.mixed_precision:
         raise PlanError(
             "quantize: mixed_precision needs mode: static; remove mixed_precision or use "
             "mode: static"
         )
-    if "format" in options:
+    if options.format is not None:
         raise PlanError(
             "quantize: dynamic mode always writes integer ops (MatMulInteger/ConvInteger); "
             "remove format"
         )
-    for option in ("activation_type", "activation_symmetric"):
-        if option in options:
+    for name in ("activation_type", "activation_symmetric"):
+        if getattr(options, name) is not None:
             raise PlanError(
-                f"quantize: dynamic mode quantizes activations to uint8 at run time; "
-                f"remove {option}"
+                f"quantize: dynamic mode quantizes activations to uint8 at run time; remove {name}"
             )
     if precision["activation_type"] != "uint8" and precision["activation_type"].endswith("16"):
         raise PlanError(
@@ -298,7 +280,7 @@ def _check_dynamic(
             "activations, but dynamic mode quantizes them to uint8; use mode: static, or "
             "precision uint8 or int8"
         )
-    weight = options.get("weight_type", precision["weight_type"])
+    weight = _given(options.weight_type, precision["weight_type"])
     if weight not in ("uint8", "int8"):
         raise PlanError(
             f"quantize: dynamic mode supports uint8 and int8 weights, not {weight}; "

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from winml_recipes.errors import PassError
+from winml_recipes.sdk.errors import PassError
 
 
 def _match(globs: Sequence[str], names: Iterable[str], what: str) -> list[str]:

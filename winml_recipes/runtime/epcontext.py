@@ -16,7 +16,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from winml_recipes.errors import ExecutionProviderError
+from winml_recipes.sdk.errors import ExecutionProviderError
 
 TIMEOUT_SECONDS = 3600.0
 
@@ -44,8 +44,8 @@ def compile_epcontext(
 
 
 def _main(argv: list[str]) -> int:
-    from winml_recipes.errors import WinmlError
     from winml_recipes.runtime.sessions import open_session
+    from winml_recipes.sdk.errors import WinmlError
 
     spec = json.loads(argv[0])
 

@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from winml_recipes.errors import check_known
+from winml_recipes.sdk.errors import check_known
 
 CPU = "cpu"
 

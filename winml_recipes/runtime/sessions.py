@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from winml_recipes.errors import ExecutionProviderError, ModelFileError
 from winml_recipes.runtime.native import native_output_captured
 from winml_recipes.runtime.providers import (
     CPU,
@@ -27,6 +26,7 @@ from winml_recipes.runtime.providers import (
     ep_devices,
     get_provider,
 )
+from winml_recipes.sdk.errors import ExecutionProviderError, ModelFileError
 
 INTRA_OP_THREADS = 2
 _DISABLE_FALLBACK = "session.disable_cpu_ep_fallback"

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from winml_recipes.errors import ExecutionProviderError
 from winml_recipes.runtime.providers import availability, identity, provider_for_device
 from winml_recipes.runtime.sessions import RuntimeSession, open_session
+from winml_recipes.sdk.errors import ExecutionProviderError
 
 CPU_SIMULATION = "cpu-simulation"
 

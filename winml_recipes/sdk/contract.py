@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from winml_recipes.errors import CatalogError
+from winml_recipes.sdk.errors import CatalogError
 
 Dim = int | str
 

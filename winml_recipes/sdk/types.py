@@ -7,8 +7,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from winml_recipes.presets import Target
-from winml_recipes.specs import IOContract
+from winml_recipes.sdk.contract import IOContract
+from winml_recipes.sdk.target import Target
 
 
 @dataclass(frozen=True)
@@ -64,9 +64,11 @@ class UpstreamComponent:
     model: Path  # its float reference model
     digest: str
     contract: IOContract
-    calibration: Mapping[str, Any] | None  # its own calibration options, when it has some
-    # The float model its own calibration ran (after normalize, fix_shapes, ...): feeding
-    # a downstream calibration from it reuses the outputs that calibration stored.
+    # The data options its own sample-input step ran its model on (`Pass.sample_inputs`,
+    # e.g. quantize's calibration), when it has one: a downstream component draws the same way.
+    calibration: Mapping[str, Any] | None
+    # The float model that step ran (after normalize, fix_shapes, ...): feeding a
+    # downstream calibration from it reuses the outputs that step stored.
     calibrated_model: Path | None = None
     calibrated_digest: str | None = None
 

@@ -2,27 +2,38 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from abc import ABC, abstractmethod
-from importlib import metadata
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar, get_args, get_origin
 
-from winml_recipes.engine.budget import EstimateInputs, MemoryEstimate
-from winml_recipes.engine.types import ModelFacts, PlanContext, StepContext, StepResult
-from winml_recipes.errors import PlanError, check_known
-from winml_recipes.presets import Target
+from winml_recipes.sdk.config import build_config, config_schema
+from winml_recipes.sdk.errors import PlanError, check_known
+from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
+from winml_recipes.sdk.plugins import load_entry_points
+from winml_recipes.sdk.target import Target
+from winml_recipes.sdk.types import ModelFacts, PlanContext, StepContext, StepResult
 
 ENTRY_POINT_GROUP = "winml_recipes.passes"
 ANY = frozenset({"*"})
 
+ConfigT = TypeVar("ConfigT")
 
-class Pass(ABC):
-    """A build step: one options schema plus one run method."""
+
+class Pass(ABC, Generic[ConfigT]):
+    """A build step: one typed config plus one run method.
+
+    `class MyPass(Pass[MyConfig])` with a frozen dataclass `MyConfig` (see sdk.config):
+    the options schema is generated from it, and every method receives a `MyConfig`. A pass
+    that declares no config class states `options_schema` by hand and receives the options
+    as a dict.
+    """
 
     name: ClassVar[str]
     version: ClassVar[int] = 1
     summary: ClassVar[str] = ""
+    config_type: ClassVar[type | None] = None  # set from Pass[Config]
     options_schema: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
     devices: ClassVar[frozenset[str]] = ANY
     precisions: ClassVar[frozenset[str]] = ANY
@@ -39,34 +50,55 @@ class Pass(ABC):
     # component; a recipe step on a quantized input is an error (preset steps skip instead).
     once_per_component: ClassVar[bool] = False
     needs_float_input: ClassVar[bool] = False
+    # What the pass makes of a model, for the planner's hints ("add an X step"): "onnx" (the
+    # model, from a source that is not ONNX yet), "float" (a float model from a quantized
+    # one), "integer" (a quantized model from a float one).
+    makes: ClassVar[frozenset[str]] = frozenset()
+    # The config field holding the data options (npz, images, inputs_from, ...) on which
+    # the step runs the component's model, e.g. to calibrate. A component whose steps read
+    # this one (depends_on) draws its inputs the same way, from the model this step ran.
+    sample_inputs: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Only the class's own bases: a subclass of a configured pass keeps what it inherits.
+        for base in cls.__dict__.get("__orig_bases__", ()):
+            origin, args = get_origin(base), get_args(base)
+            if not (isinstance(origin, type) and issubclass(origin, Pass) and args):
+                continue
+            if dataclasses.is_dataclass(args[0]) and isinstance(args[0], type):
+                cls.config_type = args[0]
+                cls.options_schema = config_schema(args[0])
+
+    def make_config(self, options: dict[str, Any]) -> ConfigT:
+        """The config object for options the schema accepted (a dict without a config class)."""
+        if self.config_type is None:
+            return dict(options)  # type: ignore[return-value]
+        return build_config(self.config_type, options, self.name)
 
     def supports(self, target: Target) -> bool:
         return (self.devices == ANY or target.device in self.devices) and (
             self.precisions == ANY or target.precision in self.precisions
         )
 
-    def skip_reason(self, facts: ModelFacts, options: dict[str, Any], target: Target) -> str | None:
+    def skip_reason(self, facts: ModelFacts, config: ConfigT, target: Target) -> str | None:
         """Why this step does nothing for a model with these facts (None: it runs)."""
         return None
 
-    def check(self, options: dict[str, Any], ctx: PlanContext) -> None:
+    def check(self, config: ConfigT, ctx: PlanContext) -> None:
         """Refuse contradictory options at plan time (raise PlanError saying what to change)."""
         return None
 
-    def depends_on(self, options: dict[str, Any]) -> tuple[str, ...]:
+    def depends_on(self, config: ConfigT) -> tuple[str, ...]:
         """Components whose float model this step reads (they are built first)."""
         return ()
 
-    def calibration_of(self, options: dict[str, Any]) -> dict[str, Any] | None:
-        """The calibration inputs this step uses, for steps of other components to reuse."""
-        return None
-
-    def key_material(self, options: dict[str, Any], ctx: StepContext) -> Any:
+    def key_material(self, config: ConfigT, ctx: StepContext) -> Any:
         """Extra cache-key material (e.g. digests of data files the options point to)."""
         return None
 
     def estimate_memory(
-        self, src: Path, options: dict[str, Any], inputs: EstimateInputs
+        self, src: Path, config: ConfigT, inputs: EstimateInputs
     ) -> MemoryEstimate | None:
         """Expected peak memory of this step on input `src` (None: no estimate).
 
@@ -75,14 +107,12 @@ class Pass(ABC):
         """
         return None
 
-    def facts_after(self, facts: ModelFacts, options: dict[str, Any]) -> ModelFacts:
+    def facts_after(self, facts: ModelFacts, config: ConfigT) -> ModelFacts:
         """The facts of this step's output, predicted at plan time."""
         return facts
 
     @abstractmethod
-    def run(
-        self, src: Path | None, out_dir: Path, options: dict[str, Any], ctx: StepContext
-    ) -> StepResult:
+    def run(self, src: Path | None, out_dir: Path, config: ConfigT, ctx: StepContext) -> StepResult:
         """Read `src` (None only for steps that create the model), write into `out_dir`."""
 
 
@@ -105,10 +135,10 @@ def _load() -> None:
     if _loaded:
         return
     _loaded = True
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        cls = ep.load()
-        if not (isinstance(cls, type) and issubclass(cls, Pass)):
-            raise PlanError(f"entry point '{ep.name}' in {ENTRY_POINT_GROUP} is not a Pass")
+    found = load_entry_points(
+        ENTRY_POINT_GROUP, lambda cls: isinstance(cls, type) and issubclass(cls, Pass), "a Pass"
+    )
+    for cls in found.values():
         register(cls)
     if not _REGISTRY:
         raise PlanError(
@@ -126,6 +156,32 @@ def get_pass(name: str) -> Pass:
     passes = all_passes()
     check_known(name, list(passes), "pass")
     return passes[name]()
+
+
+def sample_inputs_of(impl: Pass, config: Any) -> dict[str, Any] | None:
+    """The data options a step runs its component's model on (None: it runs it on none).
+
+    Read from the config field the pass names in `sample_inputs`; the options it leaves
+    unset are left out ({} when none is set: seeded inputs from the I/O contract).
+    """
+    if impl.sample_inputs is None:
+        return None
+    value = (
+        config.get(impl.sample_inputs)
+        if isinstance(config, dict)
+        else getattr(config, impl.sample_inputs)
+    )
+    if value is None:
+        return {}
+    if dataclasses.is_dataclass(value):
+        value = vars(value)
+    return {k: v for k, v in dict(value).items() if v is not None}
+
+
+def pass_making(what: str) -> str:
+    """The name of a registered pass that makes `what` (see `Pass.makes`), for hints."""
+    names = [name for name, cls in all_passes().items() if what in cls.makes]
+    return names[0] if names else f"<a pass making {what}>"
 
 
 def check_component(name: str, ctx: PlanContext, option: str) -> None:

@@ -1,0 +1,109 @@
+"""The float rewrites made for QNN HTP compute what the graph computed (CPU EP, before and
+after), and leave alone what they cannot rewrite exactly."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from winml_recipes.quant.qnn_rules import simplify_for_htp
+
+F = TensorProto.FLOAT
+
+
+def _model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def _run(model: onnx.ModelProto, feed: dict) -> np.ndarray:
+    return ort.InferenceSession(model.SerializeToString()).run(None, feed)[0]
+
+
+def _same_after(model: onnx.ModelProto, feed: dict, key: str) -> tuple[int, list[str]]:
+    before = _run(model, feed)
+    counts = simplify_for_htp(model)
+    np.testing.assert_allclose(_run(model, feed), before, rtol=1e-5, atol=1e-6)
+    return counts[key], [n.op_type for n in model.graph.node]
+
+
+def test_batchnorm_on_a_sequence_becomes_mul_add() -> None:
+    rng = np.random.default_rng(0)
+    c = 6
+    params = [rng.uniform(0.5, 1.5, c), rng.normal(0, 0.3, c), rng.normal(0, 1, c),
+              rng.uniform(0.2, 2.0, c)]  # fmt: skip
+    names = ["gamma", "beta", "mean", "var"]
+    model = _model(
+        [helper.make_node("BatchNormalization", ["x", *names], ["y"], epsilon=1e-3)],
+        [helper.make_tensor_value_info("x", F, [2, c, 10])],
+        [helper.make_tensor_value_info("y", F, [2, c, 10])],
+        [
+            numpy_helper.from_array(p.astype(np.float32), n)
+            for p, n in zip(params, names, strict=True)
+        ],
+    )
+    feed = {"x": rng.normal(0, 2, (2, c, 10)).astype(np.float32)}
+    count, ops = _same_after(model, feed, "batchnorms")
+    assert count == 1 and ops == ["Mul", "Add"]
+
+
+@pytest.mark.parametrize("low", [float(np.finfo(np.float32).min), -1e4])
+def test_where_between_constants_becomes_arithmetic(low: float) -> None:
+    model = _model(
+        [
+            helper.make_node("Cast", ["m"], ["c"], to=TensorProto.BOOL),
+            helper.make_node("Where", ["c", "zero", "low"], ["y"]),
+        ],
+        [helper.make_tensor_value_info("m", TensorProto.INT64, [1, 8])],
+        [helper.make_tensor_value_info("y", F, [1, 8])],
+        [
+            numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+            numpy_helper.from_array(np.array(low, np.float32), "low"),
+        ],
+    )
+    feed = {"m": np.array([[1, 1, 1, 0, 1, 0, 0, 0]], np.int64)}
+    count, ops = _same_after(model, feed, "constant_wheres")
+    assert count == 1 and "Where" not in ops
+
+
+def test_where_with_an_infinite_constant_is_left_alone() -> None:
+    model = _model(
+        [
+            helper.make_node("Cast", ["m"], ["c"], to=TensorProto.BOOL),
+            helper.make_node("Where", ["c", "zero", "low"], ["y"]),
+        ],
+        [helper.make_tensor_value_info("m", TensorProto.INT64, [4])],
+        [helper.make_tensor_value_info("y", F, [4])],
+        [
+            numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+            numpy_helper.from_array(np.array(-np.inf, np.float32), "low"),
+        ],
+    )
+    count, ops = _same_after(model, {"m": np.array([1, 0, 1, 0], np.int64)}, "constant_wheres")
+    assert count == 0 and "Where" in ops
+
+
+def test_erf_gelu_becomes_one_gelu() -> None:
+    """x * 0.5 * (1 + erf(x / sqrt(2))), as the TorchScript exporter writes nn.GELU."""
+    consts = {"sqrt2": math.sqrt(2.0), "one": 1.0, "half": 0.5}
+    model = _model(
+        [
+            helper.make_node("Div", ["x", "sqrt2"], ["d"]),
+            helper.make_node("Erf", ["d"], ["e"]),
+            helper.make_node("Add", ["e", "one"], ["a"]),
+            helper.make_node("Mul", ["x", "a"], ["m"]),
+            helper.make_node("Mul", ["m", "half"], ["y"]),
+        ],
+        [helper.make_tensor_value_info("x", F, [2, 16])],
+        [helper.make_tensor_value_info("y", F, [2, 16])],
+        [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in consts.items()],
+    )
+    feed = {"x": np.linspace(-4, 4, 32, dtype=np.float32).reshape(2, 16)}
+    count, ops = _same_after(model, feed, "gelus")
+    assert count == 1 and ops == ["Gelu"]
+    assert any(vi.name == "y" for vi in model.graph.value_info)  # typed for calibration
