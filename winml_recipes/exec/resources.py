@@ -53,8 +53,8 @@ def expected_memory_mb(task: TargetTask) -> float:
                 plan.target, comp.contract, path if comp.facts.has_reference else None
             )
             try:
-                estimate = step.impl.estimate_memory(path, dict(step.options), inputs)
-            except Exception:  # an estimate needing an upstream model: known at build time
+                estimate = step.impl.estimate_memory(path, step.config, inputs)
+            except (WinmlError, OSError):  # e.g. a model not made yet: known at build time
                 continue
             if estimate is not None:
                 found.append(estimate.mb)
