@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.conftest import cli, cli_subprocess, make_mlp_project
+from tests.conftest import cli, cli_subprocess, make_mlp_onnx, make_mlp_project
 
 # cpu/fp32 fails its quality gate (nothing reaches 250 dB); npu/fp32 passes.
 GATED = (
@@ -252,3 +252,26 @@ def test_compiled_epcontext_bytes_do_not_depend_on_where_the_build_ran(tmp_path)
     a, b = fingerprint(outs[0]), fingerprint(outs[1])
     assert "model/model_ctx_qnn.bin" in a
     assert a == b
+
+
+def test_a_task_on_a_model_on_disk_expects_its_steps_own_estimates(tmp_path) -> None:
+    """Before any build: the plan's step estimates (what the memory budget checks) decide.
+    A 154 MB MLP quantized at cpu/int8 is estimated above the small-task default."""
+    from winml_recipes.engine.budget import EstimateInputs
+    from winml_recipes.engine.plan import make_plan
+    from winml_recipes.exec.resources import DEFAULT_TASK_MB, expected_memory_mb
+    from winml_recipes.exec.task import TargetTask
+    from winml_recipes.recipe import load_recipe
+
+    recipe = _presets(tmp_path)
+    recipe.write_text(recipe.read_text().replace("npu, precision: fp32", "cpu, precision: int8"))
+    make_mlp_onnx(tmp_path / "catalog" / "mlp.onnx", hidden=5_500_000)
+    task = TargetTask(str(recipe), "cpu", "int8", output_root=str(tmp_path / "b"))
+    expected = expected_memory_mb(task)
+    plan = make_plan(load_recipe(recipe, device="cpu", precision="int8"), fetch=False)
+    (comp,) = plan.components
+    (quantize,) = [s for s in comp.steps if s.name == "quantize"]
+    inputs = EstimateInputs(plan.target, comp.contract, None)
+    own = quantize.impl.estimate_memory(comp.source.path, quantize.config, inputs)
+    assert own is not None and own.mb > DEFAULT_TASK_MB
+    assert expected >= own.mb
