@@ -102,8 +102,14 @@ def quantization_damage(
     feeds: list[dict[str, Any]],
     reference: list[dict[str, Any]],
     work_dir: Path,
-) -> tuple[float, dict[str, float]]:
-    """Output SQNR (dB, worst output) when ONLY this activation is quantized.
+    weights_below: float | None = None,
+) -> tuple[float, dict[str, float], dict[str, float]]:
+    """Output SQNR (dB, worst output) when ONLY this activation (or weight) is quantized.
+
+    Returns the SQNR with only the weights quantized, then the damage per activation and,
+    when `weights_below` is given and the weights alone are below it, per quantized weight
+    (keyed by the float initializer's name; its DQ is gated against the float weight, so
+    the gated graph holds both copies).
 
     Each activation's Q/DQ pair is gated: consumers read Where(g > 0.5, DQ(Q(T)), T), with
     g a scalar input. With every gate at 0 the model computes in float; opening one gate at
@@ -120,8 +126,9 @@ def quantization_damage(
 
     model = load_model(qdq_model)
     pairs = _activation_pairs(model)
-    # graph only: the Clip bounds copied below are scalars, stored inline
-    float_graph = load_model(float_model, load_external_data=False).graph
+    weights = weights_below is not None
+    # graph only, unless weights are gated: the Clip bounds copied below are inline scalars
+    float_graph = load_model(float_model, load_external_data=weights).graph
     float_producer = {o: n for n in float_graph.node for o in n.output}
     float_init = {t.name: t for t in float_graph.initializer}
     have = {t.name for t in model.graph.initializer} | {i.name for i in model.graph.input}
@@ -159,23 +166,77 @@ def quantization_damage(
             onnx.helper.make_node("Greater", [gate, HALF], [f"{raw}_open"]),
             onnx.helper.make_node("Where", [f"{raw}_open", raw, exact], [dq_out]),
         ]
+    weight_gates = _gate_weights(model, float_init, len(gates), new_nodes) if weights else {}
     model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(0.5, np.float32), HALF))
     model.graph.node.extend(new_nodes)
     _toposort(model.graph)
     session = load_session(save_model(model, work_dir / "gated.onnx"))
     names = [o.name for o in session.get_outputs()]
-    closed = {g: np.array(0.0, np.float32) for g in gates.values()}
+    closed = {g: np.array(0.0, np.float32) for g in [*gates.values(), *weight_gates.values()]}
     opened = np.array(1.0, np.float32)
 
-    def worst_sqnr(open_gate: str | None) -> float:
+    def worst_sqnr(open_gates: Sequence[str]) -> float:
         runs = []
+        gates_now = closed | dict.fromkeys(open_gates, opened)
         for feed in feeds:
-            gates_now = closed if open_gate is None else {**closed, open_gate: opened}
             runs.append(dict(zip(names, session.run(None, {**feed, **gates_now}), strict=True)))
         return min(m["sqnr_db"] for m in compare_runs(reference, runs).values())
 
-    damage = {t.removesuffix(RENAMED_SUFFIX): worst_sqnr(g) for t, g in gates.items()}
-    return worst_sqnr(None), damage
+    damage = {t.removesuffix(RENAMED_SUFFIX): worst_sqnr([g]) for t, g in gates.items()}
+    # with only the weights quantized: every weight gate open (none: the graph's own DQs)
+    weights_only = worst_sqnr(list(weight_gates.values()))
+    weight_damage = {}
+    if weights_below is not None and weights_only < weights_below:
+        weight_damage = {w: worst_sqnr([g]) for w, g in weight_gates.items()}
+    return weights_only, damage, weight_damage
+
+
+def _gate_weights(
+    model: onnx.ModelProto,
+    float_init: dict[str, onnx.TensorProto],
+    first: int,
+    new_nodes: list[onnx.NodeProto],
+) -> dict[str, str]:
+    """Gate each quantized weight's DequantizeLinear against its float initializer."""
+    inits = {t.name: t for t in model.graph.initializer}
+    gates: dict[str, str] = {}
+    for dq in [n for n in model.graph.node if n.op_type == "DequantizeLinear"]:
+        q = inits.get(dq.input[0])
+        weight = dq.input[0].removesuffix(QUANTIZED_SUFFIX)
+        if q is None or q.data_type == onnx.TensorProto.INT32 or weight not in float_init:
+            continue  # not a weight, a bias (int32: harmless), or no float copy
+        gate, raw, dq_out = f"{GATE_PREFIX}{first + len(gates)}", f"{weight}_ungated", dq.output[0]
+        gates[weight] = gate
+        dq.output[0] = raw
+        if weight not in inits:  # (present when something else reads it unquantized)
+            model.graph.initializer.append(float_init[weight])
+        model.graph.input.append(
+            onnx.helper.make_tensor_value_info(gate, onnx.TensorProto.FLOAT, [])
+        )
+        new_nodes += [
+            onnx.helper.make_node("Greater", [gate, HALF], [f"{raw}_open"]),
+            onnx.helper.make_node("Where", [f"{raw}_open", raw, weight], [dq_out]),
+        ]
+    return gates
+
+
+def weight_readers(model: onnx.ModelProto) -> dict[str, list[str]]:
+    """Float weight name -> the names of the nodes reading its dequantized copy."""
+    inits = {t.name for t in model.graph.initializer}
+    dq_of = {
+        n.output[0]: n.input[0].removesuffix(QUANTIZED_SUFFIX)
+        for n in model.graph.node
+        if n.op_type == "DequantizeLinear" and n.input[0] in inits
+    }
+    readers: dict[str, list[str]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            if i in dq_of and n.name:
+                readers.setdefault(dq_of[i], []).append(n.name)
+    return readers
+
+
+QUANTIZED_SUFFIX = "_quantized"  # ORT's name for a quantized initializer
 
 
 HALF = "winml_gate_half"

@@ -1,0 +1,74 @@
+"""Automatic mixed precision beyond 16-bit activations: a float-node candidate on CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.conftest import cli
+from winml_recipes import api, schemas
+
+F = TensorProto.FLOAT
+
+
+def _weight_damaged_model() -> onnx.ModelProto:
+    """h = x * mask (column 0 zeroed), y = h @ w, with w's row 0 = 1000.
+
+    Row 0 never reaches y (h[:, 0] is 0), but it sets w's quantization range: at 8 bits every
+    other weight rounds to 0 and y is lost, per tensor or per output channel. No activation
+    precision can fix that; keeping the MatMul in float (its weight unquantized) does.
+    """
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((8, 8)).astype(np.float32)
+    w[0, :] = 1000.0
+    mask = np.ones((1, 8), np.float32)
+    mask[0, 0] = 0.0
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "mask"], ["h"], name="gate"),
+            helper.make_node("MatMul", ["h", "w"], ["y"], name="mm"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", F, [4, 8])],
+        [helper.make_tensor_value_info("y", F, [4, 8])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(mask, "mask")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def test_a_float_node_fixes_what_no_16bit_activation_can(tmp_path: Path) -> None:
+    path = tmp_path / "m.onnx"
+    onnx.save(_weight_damaged_model(), str(path))
+    (tmp_path / "p").mkdir()
+    done = cli("init", str(path), "--name", "m", "--catalog", tmp_path / "p" / "catalog",
+               "--recipes", tmp_path / "p" / "recipes")  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    recipe = tmp_path / "p" / "recipes" / "m.yaml"
+    recipe.write_text(
+        "schema_version: 1\nname: m\nmodel: m\ntargets: [{device: cpu, precision: uint8}]\n"
+        "steps:\n  - quantize: {mixed_precision: {auto: {target_sqnr_db: 30, max_promoted: 2}}}\n"
+    )
+    result = api.build(recipe, output_root=tmp_path / "o")
+    steps = result.manifest["components"]["model"]["steps"]
+    step = next(s for s in steps if s["pass"] == "quantize")
+    auto = step["metrics"]["mixed_precision_auto"]
+    # with every activation in float the output is still below target: 16 bit cannot help
+    assert auto["output_sqnr_db_weights_only"] < 30
+    assert auto["rounds"][0]["output_sqnr_db"]["y"] < 30
+    assert auto["candidate_kinds"] == ["activation-16bit", "float-node"]
+    assert auto["met"] is True and auto["rounds"][-1]["output_sqnr_db"]["y"] >= 30
+    first = auto["promoted"][0]
+    assert first["kind"] == "float-node" and first["to"] == "float"
+    assert first["tensor"] == "w" and first["nodes"] == ["mm"] and first["round"] == 1
+    assert first["output_sqnr_db_if_only_this_is_quantized"] < 30
+    assert auto["rounds"][1]["added"] == ["w"]
+    # the manifest's mixed_precision_auto is described, field by field, by its schema
+    jsonschema.Draft202012Validator(schemas.manifest_schema()).validate(result.manifest)
+    # the written model computes the MatMul in float: its weight is the float initializer
+    model = onnx.load(str(result.models["model"]))
+    matmul = next(n for n in model.graph.node if n.op_type == "MatMul")
+    assert matmul.input[1] == "w"
