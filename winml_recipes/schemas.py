@@ -504,5 +504,10 @@ MIXED_PRECISION_AUTO: dict[str, Any] = {
         },
         "met": {"type": "boolean"},
         "reason": {"type": "string"},
+        "seconds": {
+            "type": "object",
+            "additionalProperties": {"type": "number"},
+            "description": "Wall seconds per phase: reference, scoring, ranking, requantizing.",
+        },
     },
 }

@@ -22,6 +22,9 @@ Each promotion (kind, round, measured damage) and each round's score goes into t
 from __future__ import annotations
 
 import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +56,18 @@ def scored_on(device: str) -> str:
 
     ep = provider_for_device(device)
     return ep.key if ep.is_cpu or availability(ep.key).available else CPU_SIMULATION
+
+
+class _Seconds(dict):
+    """Wall seconds per phase, for the manifest (where the promotion's time goes)."""
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self[phase] = round(self.get(phase, 0.0) + time.perf_counter() - started, 3)
 
 
 ACTIVATION_16BIT = "activation-16bit"  # the activation's Q/DQ pair becomes `type`
@@ -92,10 +107,13 @@ def promote(
     budget = int(cfg.auto["max_promoted"])
     wide = cfg.auto["type"]
     eval_feeds = take(held_out, int(cfg.auto["samples"]))
-    reference = run_model(src, eval_feeds)
+    seconds = _Seconds()
+    with seconds("reference"):
+        reference = run_model(src, eval_feeds)
     device = ctx.target.device
     floats = _float_nodes_possible(device)
-    scores = _score(out, eval_feeds, reference, device)
+    with seconds("scoring"):
+        scores = _score(out, eval_feeds, reference, device)
     rounds: list[dict[str, Any]] = [{"round": 0, "promoted": 0, "output_sqnr_db": scores}]
     record: dict[str, Any] = {
         "target_sqnr_db": target,
@@ -104,6 +122,7 @@ def promote(
         "scored_on": scored_on(device),
         "ranked_on": "cpu-simulation",
         "candidate_kinds": [ACTIVATION_16BIT, *([FLOAT_NODE] if floats else [])],
+        "seconds": seconds,
     }
     if not floats:
         record["reason"] = NO_FLOAT_ON_HTP
@@ -117,12 +136,12 @@ def promote(
             "met": False,
             "reason": f"every activation is already {wide}: nothing to promote; " + NO_FLOAT_ON_HTP,
         }
-    weights_only, act_damage, weight_damage = quantization_damage(
-        out, src, eval_feeds, reference, ctx.work_dir, weights_below=target if floats else None
-    )
+    with seconds("ranking"):
+        weights_only, act_damage, weight_damage = quantization_damage(
+            out, src, eval_feeds, reference, ctx.work_dir, weights_below=target if floats else None
+        )
     record["output_sqnr_db_weights_only"] = round(weights_only, 2)
     readers = weight_readers(load_model(out, load_external_data=False)) if floats else {}
-    # one ranking of both kinds, most damaging (lowest SQNR when alone quantized) first
     damage: dict[tuple[str, str], float] = {}
     if cfg.activation_type != wide:
         damage |= {(ACTIVATION_16BIT, t): d for t, d in act_damage.items() if t not in overrides}
@@ -131,7 +150,9 @@ def promote(
         for w, d in weight_damage.items()
         if readers.get(w) and not set(readers[w]) <= set(exclude)
     }
-    candidates = sorted(damage, key=lambda c: damage[c])
+    # most damaging first; weights (ranked only when the weights alone miss the target, and
+    # then flooring every activation's score at that miss) before activations
+    candidates = sorted(damage, key=lambda c: (c[0] != FLOAT_NODE, damage[c]))
     if not candidates:
         record["reason"] = (
             f"no candidate: every activation is already {wide} or overridden, and the "
@@ -172,10 +193,12 @@ def promote(
                 [*exclude, *(n for kind, w in chosen if kind == FLOAT_NODE for n in readers[w])]
             )
         )
-        quantize_static_qdq(src, trial, cfg, ranges_path, trial_overrides, trial_exclude)
+        with seconds("requantizing"):
+            quantize_static_qdq(src, trial, cfg, ranges_path, trial_overrides, trial_exclude)
         added = [t for _, t in batch]
         try:
-            trial_scores = _score(trial, eval_feeds, reference, device)
+            with seconds("scoring"):
+                trial_scores = _score(trial, eval_feeds, reference, device)
         except ExecutionProviderError as exc:
             # The target cannot build this mix of types: keep the last good model, go on.
             rounds.append(
