@@ -72,3 +72,55 @@ def test_a_float_node_fixes_what_no_16bit_activation_can(tmp_path: Path) -> None
     model = onnx.load(str(result.models["model"]))
     matmul = next(n for n in model.graph.node if n.op_type == "MatMul")
     assert matmul.input[1] == "w"
+
+
+def test_ranking_stacks_samples_only_where_it_matches_separate_runs(tmp_path: Path) -> None:
+    """One run per candidate over the stacked samples scores what one run per sample does;
+    a graph whose batch axis is fixed falls back to separate runs."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    from winml_recipes.quant.mixed import _gated_session, _Scorer
+    from winml_recipes.runtime.sessions import run_model
+
+    rng = np.random.default_rng(5)
+    w1 = rng.standard_normal((8, 16)).astype(np.float32)
+    w2 = rng.standard_normal((16, 4)).astype(np.float32)
+    float_path = tmp_path / "f.onnx"
+    feeds = [{"x": rng.standard_normal((2, 8)).astype(np.float32) * (i + 1)} for i in range(4)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter(feeds)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    for batch, stacks in (("n", True), (2, False)):
+        graph = helper.make_graph(
+            [
+                helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"),
+                helper.make_node("Relu", ["a"], ["r"], name="relu"),
+                helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2"),
+            ],
+            "g",
+            [helper.make_tensor_value_info("x", F, [batch, 8])],
+            [helper.make_tensor_value_info("y", F, [batch, 4])],
+            [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 10
+        onnx.save(model, str(float_path))
+        qdq_path = tmp_path / f"q{batch}.onnx"
+        quantize_static(str(float_path), str(qdq_path), Reader(), quant_format=QuantFormat.QDQ)
+        reference = run_model(float_path, feeds)
+        session, gates, _ = _gated_session(qdq_path, float_path, tmp_path, weights=False)
+        stacked = _Scorer(session, feeds, reference, list(gates.values()))
+        assert (stacked.stacked is not None) is stacks
+        separate = _Scorer(session, feeds, reference, list(gates.values()))
+        separate.stacked = None
+        opened = np.array(1.0, np.float32)
+        assert len(gates) >= 3
+        for gate in gates.values():
+            a, b = stacked({gate: opened}), separate({gate: opened})
+            assert abs(a - b) < 0.01, (gate, a, b)
+        assert abs(stacked({}) - separate({})) < 0.01
