@@ -150,9 +150,11 @@ def promote(
         for w, d in weight_damage.items()
         if readers.get(w) and not set(readers[w]) <= set(exclude)
     }
-    # most damaging first; weights (ranked only when the weights alone miss the target, and
-    # then flooring every activation's score at that miss) before activations
-    candidates = sorted(damage, key=lambda c: (c[0] != FLOAT_NODE, damage[c]))
+    # Most damaging first, by the damage as the manifest states it (0.01 dB): ties (a tensor
+    # and its exact copy) keep name order, whatever the kernels' rounding (stacked runs).
+    # Weights (ranked only when the weights alone miss the target, which then floors every
+    # activation's score) come before activations.
+    candidates = sorted(damage, key=lambda c: (c[0] != FLOAT_NODE, round(damage[c], 2)))
     if not candidates:
         record["reason"] = (
             f"no candidate: every activation is already {wide} or overridden, and the "
