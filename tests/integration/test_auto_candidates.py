@@ -40,7 +40,7 @@ def _weight_damaged_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
-def test_a_float_node_fixes_what_no_16bit_activation_can(tmp_path: Path) -> None:
+def _build(tmp_path: Path, device: str):
     path = tmp_path / "m.onnx"
     onnx.save(_weight_damaged_model(), str(path))
     (tmp_path / "p").mkdir()
@@ -49,10 +49,14 @@ def test_a_float_node_fixes_what_no_16bit_activation_can(tmp_path: Path) -> None
     assert done.exit_code == 0, done.stderr
     recipe = tmp_path / "p" / "recipes" / "m.yaml"
     recipe.write_text(
-        "schema_version: 1\nname: m\nmodel: m\ntargets: [{device: cpu, precision: uint8}]\n"
+        f"schema_version: 1\nname: m\nmodel: m\ntargets: [{{device: {device}, precision: uint8}}]\n"
         "steps:\n  - quantize: {mixed_precision: {auto: {target_sqnr_db: 30, max_promoted: 2}}}\n"
     )
-    result = api.build(recipe, output_root=tmp_path / "o")
+    return api.build(recipe, output_root=tmp_path / "o")
+
+
+def test_a_float_node_fixes_what_no_16bit_activation_can(tmp_path: Path) -> None:
+    result = _build(tmp_path, "cpu")
     steps = result.manifest["components"]["model"]["steps"]
     step = next(s for s in steps if s["pass"] == "quantize")
     auto = step["metrics"]["mixed_precision_auto"]
@@ -72,6 +76,20 @@ def test_a_float_node_fixes_what_no_16bit_activation_can(tmp_path: Path) -> None
     model = onnx.load(str(result.models["model"]))
     matmul = next(n for n in model.graph.node if n.op_type == "MatMul")
     assert matmul.input[1] == "w"
+
+
+def test_no_float_node_on_htp_and_the_manifest_says_why(tmp_path: Path) -> None:
+    """On QNN HTP a float node would run on the CPU: only 16-bit activations are tried, and
+    they cannot lift a model whose weights alone miss the target."""
+    result = _build(tmp_path, "npu")
+    steps = result.manifest["components"]["model"]["steps"]
+    auto = next(s for s in steps if s["pass"] == "quantize")["metrics"]["mixed_precision_auto"]
+    assert auto["scored_on"] == "qnn-htp"
+    assert auto["candidate_kinds"] == ["activation-16bit"]
+    assert "CPU fallback" in auto["reason"]
+    assert all(p["kind"] == "activation-16bit" for p in auto["promoted"])
+    assert auto["met"] is False
+    assert all(r["output_sqnr_db"]["y"] < 30 for r in auto["rounds"] if "output_sqnr_db" in r)
 
 
 def test_ranking_stacks_samples_only_where_it_matches_separate_runs(tmp_path: Path) -> None:
