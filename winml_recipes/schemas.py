@@ -310,7 +310,12 @@ def manifest_schema() -> dict[str, Any]:
                 "description": "Pass metrics. verify adds verified_on (an EP key such as "
                 "qnn-htp, or cpu-simulation where the device's EP cannot load here), "
                 "execution_provider {key, provider, backend, available, versions | reason}, "
-                "placement {nodes, partitions per EP} and cpu_simulation {outputs}.",
+                "placement {nodes, partitions per EP} and cpu_simulation {outputs}; quantize "
+                "with mixed_precision auto adds mixed_precision_auto (promoted[] with kind, "
+                "round and the damage measured for each, rounds[] with each round's output "
+                "SQNR; README, Quantization).",
+                # metrics stay open (each pass has its own); this one entry is described
+                "patternProperties": {"^mixed_precision_auto$": MIXED_PRECISION_AUTO},
             },
             "artifacts": {
                 "type": "array",
@@ -431,3 +436,78 @@ def write_all(directory: Path) -> list[Path]:
         path.write_text(render(name))
         written.append(path)
     return written
+
+
+_SQNR_PER_OUTPUT = {
+    "type": "object",
+    "additionalProperties": {"type": "number"},
+    "description": "Worst-sample SQNR (dB) against the float model, per graph output.",
+}
+MIXED_PRECISION_AUTO: dict[str, Any] = {
+    "type": "object",
+    "description": "What automatic mixed precision promoted, why, and each round's score.",
+    "additionalProperties": False,
+    "properties": {
+        "target_sqnr_db": {"type": "number"},
+        "max_promoted": {"type": "integer"},
+        "type": {"type": "string", "description": "The 16-bit type activations go to."},
+        "scored_on": {"type": "string", "description": "EP the rounds were scored on."},
+        "ranked_on": {"type": "string", "description": "EP the damage ranking ran on."},
+        "candidate_kinds": {
+            "type": "array",
+            "items": {"enum": ["activation-16bit", "float-node"]},
+            "description": "Candidate kinds this target allows (float-node: CPU only).",
+        },
+        "output_sqnr_db_weights_only": {
+            "type": "number",
+            "description": "Worst output SQNR with only the weights quantized.",
+        },
+        "promoted": {
+            "type": "array",
+            "description": "Promotions, most damaging first.",
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["tensor", "to"],
+                "properties": {
+                    "tensor": {"type": "string", "description": "Activation or weight."},
+                    "kind": {"enum": ["activation-16bit", "float-node"]},
+                    "to": {"type": "string", "description": "A 16-bit type, or float."},
+                    "round": {"type": "integer", "description": "The round that applied it."},
+                    "nodes": {
+                        "type": "array",
+                        "items": {"type": "string"},
+                        "description": "float-node: the nodes kept in float.",
+                    },
+                    "output_sqnr_db_if_only_this_is_quantized": {
+                        "type": ["number", "null"],
+                        "description": "The damage measured for this tensor alone (worst "
+                        "output SQNR, dB; null for a shared-encoding partner).",
+                    },
+                },
+            },
+        },
+        "rounds": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "round": {"type": "integer"},
+                    "promoted": {"type": "integer", "description": "Promotions so far."},
+                    "added": {"type": "array", "items": {"type": "string"}},
+                    "output_sqnr_db": _SQNR_PER_OUTPUT,
+                    "rejected": {"type": "array", "items": {"type": "string"}},
+                    "error": {"type": "string", "description": "Why the EP rejected it."},
+                },
+            },
+        },
+        "met": {"type": "boolean"},
+        "reason": {"type": "string"},
+        "seconds": {
+            "type": "object",
+            "additionalProperties": {"type": "number"},
+            "description": "Wall seconds per phase: reference, scoring, ranking, requantizing.",
+        },
+    },
+}

@@ -905,8 +905,13 @@ def test_sam3_auto_mixed_precision(sam3) -> None:
     promoted = auto["promoted"]
     assert 0 < len(promoted) <= auto["max_promoted"]
     for entry in promoted:
-        assert set(entry) == {"tensor", "to", "output_sqnr_db_if_only_this_is_quantized"}
+        assert set(entry) == {
+            "tensor", "kind", "to", "round", "output_sqnr_db_if_only_this_is_quantized"
+        }  # fmt: skip
         assert entry["to"] == "uint16" and isinstance(entry["tensor"], str)
+        assert entry["kind"] == "activation-16bit"
+        added = next(r for r in auto["rounds"] if r["round"] == entry["round"])["added"]
+        assert entry["tensor"] in added
     damages = [e["output_sqnr_db_if_only_this_is_quantized"] for e in promoted]
     assert damages == sorted(damages)  # most damaging first
     rounds = auto["rounds"]
