@@ -34,7 +34,8 @@ def resolve_target(device: str, precision: str) -> Target:
     """Validate a device/precision pair against the presets; never a silent default."""
     _check(device, devices(), "device")
     _check(precision, precisions(), "precision")
-    return Target(device, precision)
+    ep = str(presets()["devices"][device].get("execution_provider", "cpu"))
+    return Target(device, precision, ep)
 
 
 def precision_settings(precision: str) -> dict[str, Any]:

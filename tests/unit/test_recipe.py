@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CATALOG, PARTIALS, RECIPES, known_names
-from winml_recipes.presets import default_steps, precisions
+from winml_recipes.presets import default_steps, precisions, resolve_target
 from winml_recipes.recipe import (
     Step,
     load_recipe,
@@ -810,3 +810,14 @@ def test_a_component_has_source_or_sources_not_both(tmp_path: Path) -> None:
     (tmp_path / "sam3.yaml").write_text(both)
     with pytest.raises(CatalogError):
         load_entry("sam3", tmp_path)
+
+
+def test_a_resolved_target_carries_the_execution_provider_its_device_builds_for() -> None:
+    from winml_recipes.runtime.providers import provider_for
+
+    npu, cpu = resolve_target("npu", "w8a16"), resolve_target("cpu", "int8")
+    assert (npu.execution_provider, cpu.execution_provider) == ("qnn-htp", "cpu")
+    assert provider_for(npu).provider == "QNNExecutionProvider"
+    assert provider_for(cpu).provider == "CPUExecutionProvider"
+    # a device and a precision name a target: the EP follows from them
+    assert npu == Target("npu", "w8a16") and str(npu) == "npu-w8a16"

@@ -62,7 +62,7 @@ class QuantizePass(Pass[QuantizeOptions]):
     def key_material(self, config: QuantizeOptions, ctx: StepContext) -> Any:
         from winml_recipes.feeds import upstream_data_digest
         from winml_recipes.presets import device_settings, precision_settings
-        from winml_recipes.runtime.providers import identity, provider_for_device
+        from winml_recipes.runtime.providers import identity, provider_for
 
         data = upstream_data_digest(calibration_options(config), ctx.upstream, ctx.recipe_dir)
         # what the presets fill in (per_channel, types) is not in the step's options
@@ -73,7 +73,7 @@ class QuantizePass(Pass[QuantizeOptions]):
         if not isinstance(config.mixed_precision, MixedAuto):
             return {"data": data, "preset": preset}
         # Automatic mixed precision scores candidates on the target's EP where it loads.
-        ep = identity(provider_for_device(ctx.target.device).key)
+        ep = identity(provider_for(ctx.target).key)
         return {"data": data, "preset": preset, "scored_on": ep}
 
     def estimate_memory(

@@ -155,13 +155,13 @@ class VerifyPass(Pass[VerifyConfig]):
 
     def key_material(self, config: VerifyConfig, ctx: StepContext) -> Any:
         from winml_recipes.feeds import upstream_data_digest
-        from winml_recipes.runtime.providers import identity, provider_for_device
+        from winml_recipes.runtime.providers import identity, provider_for
 
         source = _data_source(config)
         # A result measured on the CPU simulation must not be served once the EP loads.
         return {
             "data": upstream_data_digest(source, ctx.upstream, ctx.recipe_dir),
-            "execution_provider": identity(provider_for_device(ctx.target.device).key),
+            "execution_provider": identity(provider_for(ctx.target).key),
         }
 
     def depends_on(self, config: VerifyConfig) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from winml_recipes.sdk.errors import check_known
+from winml_recipes.sdk.target import Target
 
 CPU = "cpu"
 
@@ -78,6 +79,13 @@ def get_provider(key: str) -> ExecutionProvider:
     table = execution_providers()
     check_known(key, list(table), "execution provider")
     return table[key]
+
+
+def provider_for(target: Target) -> ExecutionProvider:
+    """The EP a target builds for: its own (`resolve_target` fills it), else its device's."""
+    if target.execution_provider:
+        return get_provider(target.execution_provider)
+    return provider_for_device(target.device)
 
 
 def provider_for_device(device: str) -> ExecutionProvider:
