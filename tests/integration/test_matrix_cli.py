@@ -275,3 +275,41 @@ def test_a_task_on_a_model_on_disk_expects_its_steps_own_estimates(tmp_path) -> 
     own = quantize.impl.estimate_memory(comp.source.path, quantize.config, inputs)
     assert own is not None and own.mb > DEFAULT_TASK_MB
     assert expected >= own.mb
+
+
+def test_a_pool_worker_killed_mid_task_has_its_task_run_again(tmp_path) -> None:
+    """SIGKILL the pool worker while it quantizes: the pool breaks, the target runs again
+    on a fresh pool (reading the export the dead worker cached) and builds."""
+    import threading
+
+    from tests.conftest import RECIPES
+    from winml_recipes import api
+
+    out = tmp_path / "b"
+    killed: list[int] = []
+    stop = threading.Event()
+
+    def kill_when_quantizing() -> None:
+        deadline = time.monotonic() + 300
+        while not stop.is_set() and time.monotonic() < deadline:
+            for staging in (out / "sam3-tiny").glob(".staging-*"):
+                if list(staging.glob(".work/*/??-quantize")):
+                    pid = int(staging.name.rsplit("-", 1)[1])  # named after the builder
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_when_quantizing)
+    killer.start()
+    try:
+        report = api.matrix([RECIPES / "sam3-tiny.yaml"], targets="cpu/int8", executor="pool",
+                            jobs=1, output_root=out, cache_dir=tmp_path / "cache")  # fmt: skip
+    finally:
+        stop.set()
+        killer.join()
+    assert killed, "the worker was never seen quantizing"
+    (outcome,) = report.outcomes
+    assert outcome.status == "ok", outcome.error
+    assert outcome.worker_pid not in (None, killed[0])
+    assert (out / "sam3-tiny" / "cpu-int8" / "vision_encoder" / "model.onnx").is_file()

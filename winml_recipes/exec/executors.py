@@ -56,6 +56,8 @@ def worker_failed(task: TargetTask, what: str) -> TargetOutcome:
 
 
 STOP_GRACE_SECONDS = 30.0
+# As many as Ray gets (ray_executor.MAX_RETRIES): a task whose worker died runs again.
+MAX_WORKER_RETRIES = 3
 
 
 class PoolExecutor:
@@ -70,6 +72,23 @@ class PoolExecutor:
         self.jobs = max(1, jobs)
 
     def run(self, tasks: Sequence[TargetTask], *, keep_going: bool, on_done: OnDone) -> None:
+        """Each round runs on a fresh pool; the tasks of a pool whose worker died (killed,
+        out of memory) run again on the next one, up to MAX_WORKER_RETRIES times each. The
+        rebuild reads what the dead worker had already stored in the cache."""
+        retries = dict.fromkeys(range(len(tasks)), 0)
+        todo = list(range(len(tasks)))
+        while todo:
+            todo = self._round(tasks, todo, retries, keep_going, on_done)
+
+    def _round(
+        self,
+        tasks: Sequence[TargetTask],
+        indices: list[int],
+        retries: dict[int, int],
+        keep_going: bool,
+        on_done: OnDone,
+    ) -> list[int]:
+        """Run `indices` on one pool; returns those to run again (their worker died)."""
         import multiprocessing
         from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
@@ -78,17 +97,26 @@ class PoolExecutor:
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_worker_setup,
         )
-        futures = {pool.submit(_pool_task, task): i for i, task in enumerate(tasks)}
+        futures = {pool.submit(_pool_task, tasks[i]): i for i in indices}
         pending = set(futures)
+        again: list[int] = []
         try:
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 failed = False
                 for future in done:
-                    outcome = _result(future, tasks[futures[future]])
-                    on_done(futures[future], outcome)
+                    index = futures[future]
+                    if _worker_died(future) and retries[index] < MAX_WORKER_RETRIES:
+                        retries[index] += 1
+                        again.append(index)
+                        continue
+                    outcome = _result(future, tasks[index])
+                    on_done(index, outcome)
                     failed |= outcome.status == FAILED
                 if failed and not keep_going:
+                    for index in again:
+                        on_done(index, not_run(tasks[index], STOPPED))
+                    again = []
                     for future in sorted(pending, key=futures.__getitem__):
                         index = futures[future]
                         if future.cancel():
@@ -101,6 +129,14 @@ class PoolExecutor:
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+        return sorted(again)
+
+
+def _worker_died(future) -> bool:
+    """The pool broke under this task: a worker process ended without answering."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    return not future.cancelled() and isinstance(future.exception(), BrokenProcessPool)
 
 
 def _result(future, task: TargetTask) -> TargetOutcome:
