@@ -63,10 +63,18 @@ target_options = [
 ]
 
 
-def with_target_options(fn):
-    for opt in reversed(target_options):
-        fn = opt(fn)
-    return fn
+def _with(options: list):
+    """A decorator applying `options` in the order they are listed (as --help shows them)."""
+
+    def apply(fn):
+        for opt in reversed(options):
+            fn = opt(fn)
+        return fn
+
+    return apply
+
+
+with_target_options = _with(target_options)
 
 
 executor_options = [
@@ -99,10 +107,7 @@ executor_options = [
 ]
 
 
-def with_executor_options(fn):
-    for opt in reversed(executor_options):
-        fn = opt(fn)
-    return fn
+with_executor_options = _with(executor_options)
 
 
 def _load_kwargs(device, precision, defines, catalog_dir, source) -> dict[str, Any]:
