@@ -117,7 +117,7 @@ def matrix(
     from winml_recipes.exec.matrix import expand, parse_targets, run_tasks
     from winml_recipes.exec.task import TargetTask
 
-    chosen = make_executor(executor, jobs=jobs, address=address, raise_errors=raise_errors)
+    chosen = make_executor(executor, jobs=jobs, address=address)
     # The driver's store and catalog, whatever the workers' environment says.
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     catalog_dir = catalog_dir or os.environ.get(CATALOG_ENV) or None
@@ -153,6 +153,7 @@ def matrix(
         failed_before=failed,
         on_outcome=on_outcome,
         report_path=Path(report_path) if report_path else None,
+        raise_errors=raise_errors and chosen.name == "local",
     )
 
 

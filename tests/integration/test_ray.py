@@ -5,9 +5,9 @@ same result, a failing target fails alone, and a task larger than the cluster fa
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -56,18 +56,15 @@ def _mlp_recipes(root: Path) -> tuple[Path, Path]:
     return mlp, gated
 
 
-def _kill_first_quantizing_worker(out: Path, done: threading.Event) -> tuple[str, int] | None:
-    """Wait until a sam3-tiny target is quantizing on a worker, SIGKILL that worker; returns
-    (target folder, pid). The staging folder is named after the building process's pid."""
-    pattern = re.compile(r"\.staging-(.+)-(\d+)")
+def _kill_first_quantizing_worker(store: Path, done: threading.Event) -> tuple[str, int] | None:
+    """Wait until a worker quantizes a sam3-tiny component, SIGKILL it; returns (component,
+    pid). A task's scratch folder in the store is named after its process's pid."""
     deadline = time.monotonic() + 300
     while not done.is_set() and time.monotonic() < deadline:
-        for staging in (out / "sam3-tiny").glob(".staging-*"):
-            match = pattern.fullmatch(staging.name)
-            if match and list(staging.glob(".work/*/??-quantize")):
-                pid = int(match.group(2))
-                os.kill(pid, signal.SIGKILL)
-                return match.group(1), pid
+        for step in (store / "work").glob("*/*/??-quantize"):
+            pid = int(step.parent.parent.name.split("-")[0])
+            os.kill(pid, signal.SIGKILL)
+            return step.parent.name, pid
         time.sleep(0.05)
     return None
 
@@ -145,7 +142,7 @@ def test_same_bytes_as_local_a_killed_worker_retried_a_failure_alone(cluster, tm
     thread, finished, result = _ray_in_background(
         recipes, TARGETS, tmp_path / "ray", store, tmp_path / "ray.json"
     )
-    killed = _kill_first_quantizing_worker(tmp_path / "ray", finished)
+    killed = _kill_first_quantizing_worker(store, finished)
     thread.join(timeout=900)
     assert not thread.is_alive()
     ray_report = result["report"]
@@ -163,21 +160,31 @@ def test_same_bytes_as_local_a_killed_worker_retried_a_failure_alone(cluster, tm
     assert all(o.resources["memory"] >= DEFAULT_TASK_MB * 1024**2 for o in rows.values())
 
     # the killed worker's task was retried on another worker and built
-    assert killed is not None, "no sam3-tiny target was seen quantizing"
-    folder, pid = killed
-    retried = rows["sam3-tiny", folder.replace("-", "/", 1)]
-    assert retried.status == "ok" and retried.worker_pid != pid
-    assert not list((tmp_path / "ray").rglob(".staging-*")), "the retry swept the dead staging"
+    assert killed is not None, "no sam3-tiny component was seen quantizing"
+    component, pid = killed
+    (retried,) = [
+        t for t in ray_report.tasks
+        if t["component"] == component and "quantize" in t["label"] and t["worker_pid"] == pid
+    ] or [None]  # fmt: skip
+    assert retried is None, "the result came from the killed worker"
+    quantized = [t for t in ray_report.tasks if t["component"] == component
+                 and "quantize" in t["label"]]  # fmt: skip
+    assert quantized and all(t["status"] == "ok" for t in quantized)
+    assert not [p for p in (store / "work").iterdir() if p.is_dir()], "dead scratch swept"
+    assert not list((tmp_path / "ray").rglob(".staging-*"))
 
-    # one worker computed the MLP's normalize, the others waited for its entry
-    ran = [
-        s["status"]
+    # the MLP's normalize is one task for its three targets, run once
+    (normalize,) = [t for t in ray_report.tasks if t["label"].startswith("mlp model [export, "
+                                                                    "normalize]")]  # fmt: skip
+    assert (normalize["status"], len(normalize["targets"])) == ("ok", 3)
+    records = [
+        s
         for o in ray_report.outcomes
         if o.name == "mlp"
         for s in json.loads(Path(o.manifest_path).read_text())["components"]["model"]["steps"]
         if s["pass"] == "normalize"
     ]
-    assert len(ran) == 3 and ran.count("ran") <= 1, ran
+    assert len(records) == 3 and len({json.dumps(r, sort_keys=True) for r in records}) == 1
 
     # same bytes, whatever the executor
     assert _assert_same_outputs(local, tmp_path / "local", tmp_path / "ray") == 2 + 3
@@ -202,52 +209,54 @@ def test_every_sam3_tiny_target_cold_on_ray_and_a_pool_matches_local(cluster, tm
         assert _assert_same_outputs(reports["local"], tmp_path / "local", tmp_path / ex) == 5 + 3
 
 
-def test_a_task_larger_than_the_cluster_fails_at_once(cluster, tmp_path) -> None:
+def _on_ray(tasks: list) -> object:
+    from winml_recipes.exec.matrix import run_tasks
     from winml_recipes.exec.ray_executor import RayExecutor
+
+    return run_tasks(tasks, RayExecutor(), keep_going=True)
+
+
+def test_a_task_larger_than_the_cluster_fails_at_once(cluster, tmp_path) -> None:
     from winml_recipes.exec.task import TargetTask
 
     mlp, _ = _mlp_recipes(tmp_path)
+    other, _ = _mlp_recipes(tmp_path / "other")  # another model: no task shared with mlp
+    make_mlp_onnx(tmp_path / "other" / "catalog" / "mlp.onnx", seed=1)
     memory = cluster.cluster_resources()["memory"] / 1024**2
-    small = TargetTask(str(mlp), "cpu", "fp32", output_root=str(tmp_path / "b"), memory_mb=256)
+    small = TargetTask(str(other), "cpu", "fp32", output_root=str(tmp_path / "o"), memory_mb=256)
     huge = TargetTask(str(mlp), "cpu", "int8", output_root=str(tmp_path / "b"),
                       memory_mb=memory * 2)  # fmt: skip
-    got: dict = {}
-    RayExecutor().run([huge, small], keep_going=True, on_done=got.__setitem__)
-    assert got[0].status == "failed" and got[0].exit_code == 2
-    assert "more than the Ray cluster's" in got[0].error
-    assert got[1].status == "ok"
+    huge_outcome, small_outcome = _on_ray([huge, small]).outcomes
+    assert huge_outcome.status == "failed" and huge_outcome.exit_code == 2
+    assert "more than the Ray cluster's" in huge_outcome.error
+    assert small_outcome.status == "ok"
     assert not (tmp_path / "b" / "mlp" / "cpu-int8").exists()
 
 
 def test_tasks_that_need_most_of_the_memory_never_run_side_by_side(cluster, tmp_path) -> None:
-    """Two tasks each expecting 60% of the cluster's memory run one after the other, though
+    """Tasks each expecting 60% of the cluster's memory run one after the other, though
     two CPUs are free; each was granted the memory it declared."""
-    from winml_recipes.exec.ray_executor import RayExecutor
     from winml_recipes.exec.task import TargetTask
 
     mlp, _ = _mlp_recipes(tmp_path)
-    memory = cluster.cluster_resources()["memory"] / 1024**2
-
-    def run(mb: float, out: str) -> list:
-        tasks = [
-            TargetTask(str(mlp), "cpu", prec, output_root=str(tmp_path / out), memory_mb=mb)
-            for prec in ("fp32", "int8")
-        ]
-        got: dict = {}
-        RayExecutor().run(tasks, keep_going=True, on_done=got.__setitem__)
-        assert all(o.status == "ok" for o in got.values()), [o.error for o in got.values()]
-        for o in got.values():  # what Ray granted: the task's declared memory
-            assert o.resources == {"CPU": 1.0, "memory": float(int(mb * 1024**2))}
-        return sorted((o.started_at, o.finished_at) for o in got.values())
-
-    (_, first_end), (second_start, _) = run(memory * 0.6, "large")
-    assert second_start >= first_end
+    mb = cluster.cluster_resources()["memory"] / 1024**2 * 0.6
+    report = _on_ray([
+        TargetTask(str(mlp), "cpu", prec, output_root=str(tmp_path / "large"), memory_mb=mb)
+        for prec in ("fp32", "int8")
+    ])  # fmt: skip
+    assert all(o.status == "ok" for o in report.outcomes), [o.error for o in report.outcomes]
+    assert len(report.tasks) >= 4  # the shared normalize, a verify, a quantize, two assemblies
+    for t in report.tasks:  # what Ray granted: the task's declared memory
+        assert t["resources"] == {"CPU": 1.0, "memory": float(int(mb * 1024**2))}
+    spans = sorted((t["started_at"], t["finished_at"]) for t in report.tasks)
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert start >= end
 
 
 def test_ctrl_c_cancels_the_ray_tasks_and_leaves_output_and_cache_whole(cluster, tmp_path) -> None:
     """The CLI joins the running cluster (--address auto); Ctrl-C while a worker quantizes:
-    exit 130, the report says interrupted, the task unwound (no staging folder), the store
-    holds only whole entries."""
+    exit 130, the report says interrupted, the task unwound (its scratch folder in the store
+    removed), no output was written, the store holds only whole entries."""
     from tests.conftest import REPO
 
     store = tmp_path / "cache"
@@ -262,7 +271,7 @@ def test_ctrl_c_cancels_the_ray_tasks_and_leaves_output_and_cache_whole(cluster,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 300
-        while not list((out / "sam3-tiny").glob(".staging-*/.work/*/??-quantize")):
+        while not list(store.glob("work/*/*/??-quantize")):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "never saw the quantize step start"
             time.sleep(0.05)
@@ -280,10 +289,11 @@ def test_ctrl_c_cancels_the_ray_tasks_and_leaves_output_and_cache_whole(cluster,
         ["not run"],
     )
     deadline = time.monotonic() + 60  # the cancelled task unwinds on its worker
-    while list((out / "sam3-tiny").glob(".staging-*")) and time.monotonic() < deadline:
+    while list(store.glob("work/*/")) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert list((out / "sam3-tiny").iterdir()) == []
+    assert not (out / "sam3-tiny").exists() or list((out / "sam3-tiny").iterdir()) == []
     assert not list(store.rglob(".tmp-*"))
+    assert not [p for p in (store / "work").iterdir() if p.is_dir()]  # the scratch unwound
     for result in store.glob("??/*/result.json"):  # every entry whole
         entry = json.loads(result.read_text())
         for name, digest in entry["sha256"].items():

@@ -7,7 +7,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -95,7 +95,40 @@ def run_plan(
     cache = cache or StepCache()
     reporter = reporter or Reporter()
     budget_mb = resolve_budget(memory_budget)
-    _check_sources_fit(plan, budget_mb)
+    check_sources_fit(plan, budget_mb)
+
+    def build(staging: Path) -> dict[str, tuple[list[dict[str, Any]], ChainState]]:
+        chains: dict[str, tuple[list[dict[str, Any]], ChainState]] = {}
+        built: dict[str, UpstreamComponent | None] = {}
+        for comp in plan.components:
+            records, state = run_steps(
+                comp, comp.steps, plan, staging / ".work", cache, begin_chain(comp), built,
+                budget_mb, reporter,
+            )  # fmt: skip
+            chains[comp.name] = (records, state)
+            built[comp.name] = upstream_of(comp, state)
+        return chains
+
+    try:
+        return write_output(plan, output_root, build, reporter, wait_seconds)
+    finally:
+        cache.release_claims()  # keys a failed step claimed: the next build computes them
+
+
+ChainBuilder = Callable[[Path], "dict[str, tuple[list[dict[str, Any]], ChainState]]"]
+
+
+def write_output(
+    plan: Plan,
+    output_root: Path,
+    chains_of: ChainBuilder,
+    reporter: Reporter,
+    wait_seconds: float = 600.0,
+    wall_seconds: float | None = None,
+) -> BuildResult:
+    """Under the target's lock: `chains_of(staging)` gives each component's step records
+    and final state (by running the steps, or from steps another process ran), which are
+    shipped into a staging folder with the manifest and swapped into place at once."""
     out_dir = output_dir_for(plan, output_root)
     with exclusive(
         lock_path_for(out_dir), out_dir, wait_seconds=wait_seconds, on_wait=reporter.message
@@ -105,21 +138,22 @@ def run_plan(
         staging.mkdir(parents=True)
         try:
             started = time.perf_counter()
+            chains = chains_of(staging)
             components: dict[str, Any] = {}
             models: dict[str, Path] = {}
-            built: dict[str, UpstreamComponent] = {}
             for comp in plan.components:
-                components[comp.name], models[comp.name], built[comp.name] = _build_component(
-                    comp, plan, staging, cache, reporter, built, budget_mb
+                records, state = chains[comp.name]
+                components[comp.name], models[comp.name] = ship_component(
+                    comp, records, state, staging
                 )
             order = [c.name for c in plan.recipe.catalog.components.values()]
             components = {n: components[n] for n in order if n in components}
-            manifest = _manifest(plan, components, time.perf_counter() - started)
+            wall = time.perf_counter() - started if wall_seconds is None else wall_seconds
+            manifest = _manifest(plan, components, wall)
             (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
             shutil.rmtree(staging / ".work", ignore_errors=True)
             _swap_into_place(staging, out_dir)
         finally:
-            cache.release_claims()  # keys a failed step claimed: the next build computes them
             shutil.rmtree(staging, ignore_errors=True)
     final = {name: out_dir / p.relative_to(staging) for name, p in models.items()}
     return BuildResult(out_dir, manifest, final)
@@ -218,7 +252,7 @@ def step_where(plan: Plan, comp: ComponentPlan, step: PlannedStep) -> str:
     return f"{recipe}: {comp.name}/{step.name} [{target}]"
 
 
-def _check_sources_fit(plan: Plan, budget_mb: float) -> None:
+def check_sources_fit(plan: Plan, budget_mb: float) -> None:
     """Estimate every step of components whose source model is on disk, before any runs.
 
     The source stands in for each step's input (later models are its rewrites or smaller
@@ -251,35 +285,70 @@ def _check_sources_fit(plan: Plan, budget_mb: float) -> None:
                 check_fits(estimate, budget_mb, step_where(plan, comp, step))
 
 
-def _build_component(
-    comp: ComponentPlan,
-    plan: Plan,
-    staging: Path,
-    cache: StepCache,
-    reporter: Reporter,
-    built: dict[str, UpstreamComponent],
-    budget_mb: float,
-) -> tuple[dict[str, Any], Path, UpstreamComponent | None]:
-    from winml_recipes.onnx.io import artifact_sha256
-
+def begin_chain(comp: ComponentPlan) -> ChainState:
+    """The state before a component's first step: its source."""
     src = comp.source
-    state = ChainState(
+    return ChainState(
         model=src.path,
         digest=src.digest,
         reference=src.path if comp.facts.has_reference else None,
         reference_digest=src.digest if comp.facts.has_reference else None,
     )
+
+
+def run_steps(
+    comp: ComponentPlan,
+    steps: Sequence[PlannedStep],
+    plan: Plan,
+    work_root: Path,
+    cache: StepCache,
+    state: ChainState,
+    built: Mapping[str, UpstreamComponent | None],
+    budget_mb: float,
+    reporter: Reporter,
+) -> tuple[list[dict[str, Any]], ChainState]:
+    """Run (or read from the cache) `steps` of `comp` from `state`: their manifest records
+    and the state after the last. Scratch folders go under `work_root`."""
     records = []
-    for step in comp.steps:
+    for step in steps:
         reporter.step_started(comp.name, step)
         if not step.skip and sample_inputs_of(step.impl, step.config) is not None:
             assert state.model is not None
             state = replace(state, calibrated=(state.model, state.digest))
         record, state = _run_step(
-            comp, step, plan, staging, cache, state, built, budget_mb, reporter
+            comp, step, plan, work_root, cache, state, built, budget_mb, reporter
         )
         records.append(record)
         reporter.step_finished(comp.name, step, record)
+    return records, state
+
+
+def upstream_of(comp: ComponentPlan, state: ChainState) -> UpstreamComponent | None:
+    """What a downstream component's steps (inputs_from) see of `comp` once it is built:
+    its float reference and the model its calibration ran (None: it has no float model)."""
+    if state.reference is None or state.reference_digest is None:
+        return None
+    calibration = next(
+        (c for s in comp.steps if (c := sample_inputs_of(s.impl, s.config)) is not None),
+        None,
+    )
+    return UpstreamComponent(
+        comp.name,
+        state.reference,
+        state.reference_digest,
+        comp.contract,
+        calibration,
+        *(state.calibrated or (None, None)),
+    )
+
+
+def ship_component(
+    comp: ComponentPlan, records: list[dict[str, Any]], state: ChainState, staging: Path
+) -> tuple[dict[str, Any], Path]:
+    """Copy a component's final model and artifacts into `staging/<component>`; its
+    manifest record and the shipped model's path."""
+    from winml_recipes.onnx.io import artifact_sha256
+
     if state.model is None:
         raise InternalError(f"{comp.name}: no model after the last step")
     final_dir = staging / comp.name
@@ -305,22 +374,8 @@ def _build_component(
         "sha256": artifact_sha256(shipped),
         "files": files,
     }
-    upstream = None
-    if state.reference is not None and state.reference_digest is not None:
-        calibration = next(
-            (c for s in comp.steps if (c := sample_inputs_of(s.impl, s.config)) is not None),
-            None,
-        )
-        upstream = UpstreamComponent(
-            comp.name,
-            state.reference,
-            state.reference_digest,
-            comp.contract,
-            calibration,
-            *(state.calibrated or (None, None)),
-        )
-    record = {"source": src.to_manifest(), "steps": records, "artifact": artifact}
-    return record, final_model, upstream
+    record = {"source": comp.source.to_manifest(), "steps": records, "artifact": artifact}
+    return record, final_model
 
 
 def _sha(path: Path) -> str:
@@ -333,10 +388,10 @@ def _run_step(
     comp: ComponentPlan,
     step: PlannedStep,
     plan: Plan,
-    staging: Path,
+    work_root: Path,
     cache: StepCache,
     state: ChainState,
-    built: dict[str, UpstreamComponent | None],
+    built: Mapping[str, UpstreamComponent | None],
     budget_mb: float,
     reporter: Reporter | None = None,
 ) -> tuple[dict[str, Any], ChainState]:
@@ -362,7 +417,7 @@ def _run_step(
                 where=step_where(plan, comp, step),
             )
         upstream[dep] = built[dep]
-    work = staging / ".work" / comp.name / f"{step.index:02d}-{step.name}"
+    work = work_root / comp.name / f"{step.index:02d}-{step.name}"
     ctx = StepContext(
         component=comp.name,
         step_index=step.index,
@@ -392,13 +447,13 @@ def _run_step(
         pass_code=code_digest(type(impl)),
         options=step.options,
         target=[plan.target.device, plan.target.precision] if impl.target_dependent else None,
-        contract=_contract_key(comp) if impl.uses_contract else None,
+        contract=contract_key(comp) if impl.uses_contract else None,
         # Upstream feeds depend on its model, its I/O contract and its calibration source.
         upstream={
             n: {
                 "model": u.digest,
                 "calibrated": u.calibrated_digest,
-                "contract": _contract_key(u.contract),
+                "contract": contract_key(u.contract),
                 "calibration": u.calibration,
             }
             for n, u in upstream.items()
@@ -430,7 +485,7 @@ def _run_step(
             result = impl.run(state.model, out, step.config, ctx)
         except WinmlError as exc:
             # Paths inside the cache or the staging area mean nothing to the user.
-            if not exc.where or str(cache.root) in exc.where or str(staging) in exc.where:
+            if not exc.where or str(cache.root) in exc.where or str(work_root) in exc.where:
                 exc.where = step_where(plan, comp, step)
             raise
         except Exception as exc:  # a pass bug or a library failure on valid input
@@ -501,7 +556,7 @@ def _estimate(
     return impl.estimate_memory(state.model, step.config, inputs)
 
 
-def _contract_key(comp: ComponentPlan | IOContract) -> Any:
+def contract_key(comp: ComponentPlan | IOContract) -> Any:
     c = comp.contract if isinstance(comp, ComponentPlan) else comp
     return {
         "inputs": [vars(s) for s in c.inputs],

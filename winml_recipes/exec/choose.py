@@ -5,9 +5,7 @@ from __future__ import annotations
 from winml_recipes.exec.executors import Executor, LocalExecutor, PoolExecutor
 
 
-def make_executor(
-    name: str, *, jobs: int | None = None, address: str | None = None, raise_errors: bool = False
-) -> Executor:
+def make_executor(name: str, *, jobs: int | None = None, address: str | None = None) -> Executor:
     """The executor for `--executor NAME` (`--jobs` processes or Ray CPUs; `--address`)."""
     import os
 
@@ -18,7 +16,7 @@ def make_executor(
     if name == "local":
         if jobs not in (None, 1):
             raise RecipeError("--jobs needs --executor pool or ray (local builds one at a time)")
-        return LocalExecutor(raise_errors=raise_errors)
+        return LocalExecutor()
     if jobs is not None and jobs < 1:
         raise RecipeError(f"--jobs {jobs}: at least 1")
     if name == "pool":

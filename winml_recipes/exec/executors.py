@@ -1,68 +1,58 @@
-"""Executors run target tasks: `local` (this process, one after another), `pool` (N
-processes on this machine) and `ray` (a Ray cluster, see ray_executor.py).
+"""Executors run the tasks of a graph (exec/graph.py): `local` (this process, one task
+after another), `pool` (N processes on this machine) and `ray` (a Ray cluster, see
+ray_executor.py).
 
-Every executor reports each outcome through `on_done(index, outcome)` as it arrives, so
-the matrix driver holds every finished result when a Ctrl-C stops the rest. Without
-`keep_going` the first failure stops the tasks not yet started (they are reported as
-not run); tasks already running finish.
+An executor only moves tasks: it asks the graph for the tasks that are ready, runs
+`graph.call(task)` where it likes, and hands each result to `graph.finish`, which
+reports targets as they end and stops the rest after a failure (without keep-going).
+A task whose worker died runs again, up to MAX_WORKER_RETRIES times.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
-from winml_recipes.exec.task import FAILED, TargetOutcome, TargetTask, not_run, run_target
+from winml_recipes.exec.graph import Node, TaskGraph
+from winml_recipes.exec.work import TaskResult
 
-OnDone = Callable[[int, TargetOutcome], None]
-STOPPED = "not started: an earlier target failed (--keep-going builds every target)"
+# As many as Ray gets (ray_executor.MAX_RETRIES): a task whose worker died runs again.
+MAX_WORKER_RETRIES = 3
+STOP_GRACE_SECONDS = 30.0
 
 
 class Executor(Protocol):
     name: str
     startup_seconds: float  # time to reach workers that can run a task (Ray's start-up)
 
-    def run(self, tasks: Sequence[TargetTask], *, keep_going: bool, on_done: OnDone) -> None:
-        """Run every task; report each outcome through `on_done` as it arrives."""
+    def run(self, graph: TaskGraph) -> None:
+        """Run the graph's tasks until none is left to start."""
         ...
 
 
 class LocalExecutor:
-    """Today's behaviour: one target after another in this process."""
+    """Today's behaviour: one task after another in this process, a target's tasks before
+    the next target's."""
 
     name = "local"
     startup_seconds = 0.0
 
-    def __init__(self, raise_errors: bool = False) -> None:
-        self.raise_errors = raise_errors
-
-    def run(self, tasks: Sequence[TargetTask], *, keep_going: bool, on_done: OnDone) -> None:
-        stopped = False
-        for index, task in enumerate(tasks):
-            if stopped:
-                on_done(index, not_run(task, STOPPED))
-                continue
-            outcome = run_target(task, raise_errors=self.raise_errors)
-            on_done(index, outcome)
-            stopped = outcome.status == FAILED and not keep_going
+    def run(self, graph: TaskGraph) -> None:
+        while ready := graph.ready(limit=1):
+            (node,) = ready
+            fn, arg = graph.call(node)
+            graph.finish(node, fn(arg))
 
 
-def worker_failed(task: TargetTask, what: str) -> TargetOutcome:
+def worker_failed(what: str) -> TaskResult:
     """A task whose worker died or could not run it: a fault of the machinery, exit 1."""
-    return TargetOutcome(
-        task.recipe, task.device, task.precision, FAILED, exit_code=1, error=what[:500]
-    )
-
-
-STOP_GRACE_SECONDS = 30.0
-# As many as Ray gets (ray_executor.MAX_RETRIES): a task whose worker died runs again.
-MAX_WORKER_RETRIES = 3
+    return TaskResult("failed", error=what[:500], exit_code=1)
 
 
 class PoolExecutor:
     """`jobs` worker processes on this machine (spawned, so nothing of the parent's state,
-    threads or locks is inherited; the same on Windows). Ctrl-C reaches the driver (the
+    threads or locks is inherited; the same on Windows). At most `jobs` tasks are handed
+    out at once, so a stop never has queued work to cancel. Ctrl-C reaches the driver (the
     workers ignore SIGINT), which stops the workers once, gracefully (see `_stop`)."""
 
     name = "pool"
@@ -71,24 +61,18 @@ class PoolExecutor:
     def __init__(self, jobs: int) -> None:
         self.jobs = max(1, jobs)
 
-    def run(self, tasks: Sequence[TargetTask], *, keep_going: bool, on_done: OnDone) -> None:
-        """Each round runs on a fresh pool; the tasks of a pool whose worker died (killed,
-        out of memory) run again on the next one, up to MAX_WORKER_RETRIES times each. The
-        rebuild reads what the dead worker had already stored in the cache."""
-        retries = dict.fromkeys(range(len(tasks)), 0)
-        todo = list(range(len(tasks)))
-        while todo:
-            todo = self._round(tasks, todo, retries, keep_going, on_done)
+    def run(self, graph: TaskGraph) -> None:
+        """Tasks of a pool whose worker died (killed, out of memory) run again on a fresh
+        pool; the rerun reads what the dead worker had already stored in the cache."""
+        retry: list[Node] = []
+        while True:
+            retry = self._pool(graph, retry)
+            if not retry:
+                return
 
-    def _round(
-        self,
-        tasks: Sequence[TargetTask],
-        indices: list[int],
-        retries: dict[int, int],
-        keep_going: bool,
-        on_done: OnDone,
-    ) -> list[int]:
-        """Run `indices` on one pool; returns those to run again (their worker died)."""
+    def _pool(self, graph: TaskGraph, retry: list[Node]) -> list[Node]:
+        """Run tasks on one pool until the graph is done or the pool breaks; returns the
+        tasks to run again on a fresh pool."""
         import multiprocessing
         from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
@@ -97,39 +81,46 @@ class PoolExecutor:
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_worker_setup,
         )
-        futures = {pool.submit(_pool_task, tasks[i]): i for i in indices}
-        pending = set(futures)
-        again: list[int] = []
+        futures: dict[Any, Node] = {}
+        queue = list(retry)
+        again: list[Node] = []
         try:
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                failed = False
+            while True:
+                queue += graph.ready()
+                while queue and len(futures) < self.jobs:
+                    node = queue.pop(0)
+                    fn, arg = graph.call(node)
+                    futures[pool.submit(_pool_task, fn, arg)] = node
+                if not futures:
+                    return again
+                done, _ = wait(list(futures), return_when=FIRST_COMPLETED)
+                broken = False
                 for future in done:
-                    index = futures[future]
-                    if _worker_died(future) and retries[index] < MAX_WORKER_RETRIES:
-                        retries[index] += 1
-                        again.append(index)
-                        continue
-                    outcome = _result(future, tasks[index])
-                    on_done(index, outcome)
-                    failed |= outcome.status == FAILED
-                if failed and not keep_going:
-                    for index in again:
-                        on_done(index, not_run(tasks[index], STOPPED))
-                    again = []
-                    for future in sorted(pending, key=futures.__getitem__):
-                        index = futures[future]
-                        if future.cancel():
-                            on_done(index, not_run(tasks[index], STOPPED))
-                        else:  # already running: let it finish
-                            on_done(index, _result(future, tasks[index]))
-                    pending = set()
+                    node = futures.pop(future)
+                    if _worker_died(future):
+                        broken = True
+                        again += _again(graph, node, future)
+                    else:
+                        graph.finish(node, _result(future))
+                if broken:  # what still runs on the broken pool dies with it
+                    for future in list(futures):
+                        again += _again(graph, futures.pop(future), future)
+                    return again + queue
         except KeyboardInterrupt:
             _stop(pool, list(futures))
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
-        return sorted(again)
+
+
+def _again(graph: TaskGraph, node: Node, future) -> list[Node]:
+    """A task whose pool broke runs again, unless it has been tried too often."""
+    if node.attempts <= MAX_WORKER_RETRIES:
+        node.attempts += 1
+        return [node]
+    exc = future.exception() if future.done() else "the pool broke"
+    graph.finish(node, worker_failed(f"worker process failed {node.attempts} times: {exc}"))
+    return []
 
 
 def _worker_died(future) -> bool:
@@ -139,11 +130,11 @@ def _worker_died(future) -> bool:
     return not future.cancelled() and isinstance(future.exception(), BrokenProcessPool)
 
 
-def _result(future, task: TargetTask) -> TargetOutcome:
+def _result(future) -> TaskResult:
     try:
         return future.result()
-    except Exception as exc:  # BrokenProcessPool: a worker died
-        return worker_failed(task, f"worker process failed: {exc}")
+    except Exception as exc:  # the task could not be sent or its result not returned
+        return worker_failed(f"worker process failed: {type(exc).__name__}: {exc}")
 
 
 _running = False
@@ -165,11 +156,11 @@ def _worker_setup() -> None:
         signal.signal(signal.SIGTERM, _on_terminate)
 
 
-def _pool_task(task: TargetTask) -> TargetOutcome:
+def _pool_task(fn, arg) -> TaskResult:
     global _running
     _running = True
     try:
-        return run_target(task)
+        return fn(arg)
     finally:
         _running = False
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from winml_recipes.engine.plan import Plan
 from winml_recipes.exec.executors import Executor
 from winml_recipes.exec.task import FAILED, OK, TargetOutcome, TargetTask, not_run
 from winml_recipes.sdk.errors import RecipeError, WinmlError
@@ -34,6 +35,7 @@ class MatrixReport:
     startup_seconds: float = 0.0
     interrupted: bool = False
     error: WinmlError | None = None  # the run itself failed (e.g. Ray missing)
+    tasks: list[dict[str, Any]] = field(default_factory=list)  # the graph's tasks
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -66,6 +68,7 @@ class MatrixReport:
             "startup_seconds": round(self.startup_seconds, 3),
             "error": str(self.error) if self.error is not None else None,
             "targets": [o.to_dict() for o in self.outcomes],
+            "tasks": self.tasks,
             **self.extra,
         }
 
@@ -150,6 +153,36 @@ def expand(
     return tasks, failed
 
 
+def plan_targets(
+    tasks: Sequence[TargetTask],
+) -> tuple[dict[int, Plan], dict[int, TargetOutcome]]:
+    """Plan every target in the driver (the graph is cut from the plans); a target that
+    cannot be planned, or whose steps on a source on disk exceed the memory budget, fails
+    on its own."""
+    from winml_recipes.engine.budget import resolve_budget
+    from winml_recipes.engine.run import check_sources_fit
+    from winml_recipes.exec.task import _as_winml_error
+    from winml_recipes.exec.work import plan_of
+
+    plans, failed = {}, {}
+    for index, task in enumerate(tasks):
+        try:
+            plan = plan_of(task, fresh=True)
+            check_sources_fit(plan, resolve_budget(task.memory_budget))
+            plans[index] = plan
+        except Exception as exc:
+            error = exc if isinstance(exc, WinmlError) else _as_winml_error(exc)
+            failed[index] = TargetOutcome(
+                task.recipe,
+                task.device,
+                task.precision,
+                FAILED,
+                exit_code=error.exit_code,
+                error=str(error),
+            )
+    return plans, failed
+
+
 def run_tasks(
     tasks: Sequence[TargetTask],
     executor: Executor,
@@ -158,28 +191,51 @@ def run_tasks(
     failed_before: Sequence[TargetOutcome] = (),
     on_outcome: Callable[[TargetOutcome], None] | None = None,
     report_path: Path | None = None,
+    raise_errors: bool = False,
 ) -> MatrixReport:
-    """Run `tasks`; the report (also written to `report_path`, if given) holds one outcome
-    per task in task order, after the recipes that failed before any task. Ctrl-C stops
-    the executor, writes the report with the unfinished targets as not run, and re-raises."""
-    from winml_recipes.exec.resources import expected_memory_mb
+    """Plan `tasks`, cut the plans into a graph of tasks and run it. The report (also
+    written to `report_path`, if given) holds one outcome per target in task order, after
+    the recipes that failed before any task, and every task of the graph. Ctrl-C stops
+    the executor, writes the report with the unfinished targets as not run, and
+    re-raises."""
+    import shutil
 
-    if executor.name == "ray":
-        tasks = [replace(t, memory_mb=expected_memory_mb(t)) for t in tasks]
+    from winml_recipes.exec.graph import STOPPED, TaskGraph
+    from winml_recipes.exec.resources import TaskMemory
+
     outcomes: dict[int, TargetOutcome] = {}
+    for outcome in failed_before:
+        if on_outcome is not None:
+            on_outcome(outcome)
 
     def done(index: int, outcome: TargetOutcome) -> None:
         outcomes[index] = outcome
         if on_outcome is not None:
             on_outcome(outcome)
 
-    for outcome in failed_before:
-        if on_outcome is not None:
-            on_outcome(outcome)
     started = time.perf_counter()
     report = MatrixReport(executor.name, [])
+    tasks, private_store = _with_store(list(tasks))
+    graph: TaskGraph | None = None
     try:
-        executor.run(tasks, keep_going=keep_going, on_done=done)
+        plans, failed = plan_targets(tasks)
+        memory = {i: TaskMemory(tasks[i], plan) for i, plan in plans.items()}
+        graph = TaskGraph(
+            tasks,
+            plans,
+            keep_going=keep_going,
+            on_target=done,
+            memory=lambda i, _plan, comp, steps: (
+                memory[i].of_steps(comp, steps) if comp else memory[i].of_assembly()
+            ),
+            raise_errors=raise_errors,
+        )
+        for index in sorted(failed):
+            done(index, failed[index])
+            if not keep_going:
+                graph.stop(STOPPED)
+        executor.run(graph)
+        graph.settle(STOPPED)
     except KeyboardInterrupt:
         report.interrupted = True
         raise
@@ -190,8 +246,24 @@ def run_tasks(
         report.outcomes = [*failed_before] + [
             outcomes.get(i) or not_run(t, INTERRUPTED) for i, t in enumerate(tasks)
         ]
+        report.tasks = graph.summary() if graph is not None else []
         report.wall_seconds = time.perf_counter() - started
         report.startup_seconds = executor.startup_seconds
+        if private_store is not None:
+            shutil.rmtree(private_store, ignore_errors=True)
         if report_path is not None:
             report.write(report_path)
     return report
+
+
+def _with_store(tasks: list[TargetTask]) -> tuple[list[TargetTask], Path | None]:
+    """Tasks hand models to each other through the step cache; without the cache
+    (--no-cache) a private store beside the outputs, removed after the run, serves."""
+    if not tasks or all(t.use_cache for t in tasks):
+        return tasks, None
+    import tempfile
+
+    root = Path(tasks[0].output_root)
+    root.mkdir(parents=True, exist_ok=True)
+    store = Path(tempfile.mkdtemp(prefix=".store-", dir=root))
+    return [t if t.use_cache else replace(t, cache_dir=str(store)) for t in tasks], store

@@ -1,30 +1,33 @@
-"""The Ray executor: each target task is a Ray task on an existing cluster (`address`) or a
-local one started here (and stopped at the end).
+"""The Ray executor: each task of the graph is a Ray task on an existing cluster
+(`address`) or a local one started here (and stopped at the end).
 
 - Store: tasks read and write through the step cache folder they are given; on a cluster
   it must be a folder every worker sees (a shared mount), as must the recipes, catalog and
   output root. Paths are sent as the driver sees them; each task runs in the driver's
   working directory when that folder exists on its node, so relative paths (and the
   recipe path recorded in manifests) read the same as in a local build.
+- Edges: the driver hands Ray a task once the tasks it needs are done (exec/graph.py);
+  what passes between them is a chain state that points into the store.
 - Resources: each task asks for `memory=` its expected peak (exec/resources.py), so Ray
-  never places two builds on a node that holds one; a task larger than the whole cluster
-  fails at once (it would wait forever).
+  never places two large steps on a node that holds one; a task larger than the whole
+  cluster fails at once (it would wait forever).
 - Faults: a worker that dies (killed, out of memory) has its task retried up to
-  `max_retries` times on another worker; the rebuild reads what the dead one stored, and
-  its half-written staging folder is swept by the retry. A build that fails (bad input,
-  a quality gate) is not retried: it fails alone, the others go on.
-- Ctrl-C: every task is cancelled (KeyboardInterrupt inside the task, so its build
-  unwinds and the output stays as it was), then force-cancelled after a grace period.
+  `max_retries` times on another worker; the rerun reads what the dead one stored, and its
+  scratch folder is swept by the next task (its lock died with it). A step that fails
+  (bad input, a quality gate) is not retried: its targets fail, the others go on.
+- Ctrl-C: every task is cancelled (KeyboardInterrupt inside the task, so its step unwinds
+  and the output stays as it was), then force-cancelled after a grace period.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
 
-from winml_recipes.exec.executors import STOPPED, OnDone, worker_failed
-from winml_recipes.exec.task import FAILED, TargetOutcome, TargetTask, not_run, run_target
+from winml_recipes.exec.executors import worker_failed
+from winml_recipes.exec.graph import STOPPED, TaskGraph
+from winml_recipes.exec.task import FAILED
+from winml_recipes.exec.work import TaskResult
 from winml_recipes.sdk.errors import MemoryBudgetError, RecipeError
 
 MAX_RETRIES = 3
@@ -66,56 +69,60 @@ class RayExecutor:
         self.startup_seconds = time.perf_counter() - started
         return True
 
-    def run(self, tasks: Sequence[TargetTask], *, keep_going: bool, on_done: OnDone) -> None:
+    def run(self, graph: TaskGraph) -> None:
         ray = import_ray()
         started_here = self._connect(ray)
         try:
-            self._run(ray, tasks, keep_going, on_done)
+            self._run(ray, graph)
         finally:
             if started_here:
                 ray.shutdown()
 
-    def _run(self, ray, tasks: Sequence[TargetTask], keep_going: bool, on_done: OnDone) -> None:
+    def _run(self, ray, graph: TaskGraph) -> None:
+        """Every ready task goes to Ray at once (Ray queues it until a node has the CPU and
+        memory it asks for); results are handed to the graph as they arrive."""
         capacity = ray.cluster_resources().get("memory", 0.0)
         remote = ray.remote(_on_ray)
         threads = local_threads()
-        refs = {}
-        for index, task in enumerate(tasks):
-            memory = int((task.memory_mb or 1024) * MB)
-            if capacity and memory > capacity:
-                on_done(index, _too_large(task, memory, capacity))
-                continue
-            ref = remote.options(
-                num_cpus=1,
-                memory=memory,
-                max_retries=self.max_retries,
-                retry_exceptions=False,
-                name=f"build {task.label}",
-            ).remote(task, threads)
-            refs[ref] = index
-        pending = list(refs)
+        refs: dict = {}
         try:
-            while pending:
-                done, pending = ray.wait(pending, num_returns=1)
-                outcome = self._outcome(ray, done[0], tasks[refs[done[0]]])
-                on_done(refs[done[0]], outcome)
-                if outcome.status == FAILED and not keep_going:
-                    for ref in pending:
-                        ray.cancel(ref)  # a queued task never starts; a running one stops
-                    for ref in pending:
-                        on_done(refs[ref], not_run(tasks[refs[ref]], STOPPED))
-                    pending = []
+            while True:
+                for node in graph.ready():
+                    memory = int((node.memory_mb or 1024) * MB)
+                    if capacity and memory > capacity:
+                        graph.finish(node, _too_large(node.label, memory, capacity))
+                        continue
+                    fn, arg = graph.call(node)
+                    ref = remote.options(
+                        num_cpus=1,
+                        memory=memory,
+                        max_retries=self.max_retries,
+                        retry_exceptions=False,
+                        name=node.label,
+                    ).remote(fn, arg, threads)
+                    refs[ref] = node
+                if not refs:
+                    return
+                (ref,), _ = ray.wait(list(refs), num_returns=1)
+                node = refs.pop(ref)
+                graph.finish(node, self._result(ray, ref))
+                if graph.stopped and refs:
+                    for other in refs:
+                        ray.cancel(other)  # a queued task never starts; a running one stops
+                    for other in refs.values():
+                        graph.cancelled(other, STOPPED)
+                    refs = {}
         except KeyboardInterrupt:
-            _cancel_all(ray, pending)
+            _cancel_all(ray, list(refs))
             raise
 
     @staticmethod
-    def _outcome(ray, ref, task: TargetTask) -> TargetOutcome:
+    def _result(ray, ref) -> TaskResult:
         try:
             return ray.get(ref)
         except ray.exceptions.RayError as exc:  # the worker died more often than retried
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            return worker_failed(task, f"{type(exc).__name__}: {first}")
+            return worker_failed(f"{type(exc).__name__}: {first}")
 
 
 def local_threads() -> int:
@@ -127,7 +134,7 @@ def local_threads() -> int:
     return int(env) if env.isdigit() and int(env) > 0 else psutil.cpu_count(logical=False) or 1
 
 
-def _on_ray(task: TargetTask, threads: int) -> TargetOutcome:
+def _on_ray(fn, arg, threads: int) -> TaskResult:
     """The Ray task: build with torch on the driver's thread count, and record what Ray
     granted it (CPU, memory in bytes).
 
@@ -142,21 +149,19 @@ def _on_ray(task: TargetTask, threads: int) -> TargetOutcome:
     os.environ["OMP_NUM_THREADS"] = str(threads)  # read when torch is first imported
     if "torch" in sys.modules:  # a worker that ran an export before
         sys.modules["torch"].set_num_threads(threads)
-    outcome = run_target(task)
-    outcome.resources = dict(ray.get_runtime_context().get_assigned_resources())
-    return outcome
+    result = fn(arg)
+    result.resources = dict(ray.get_runtime_context().get_assigned_resources())
+    return result
 
 
-def _too_large(task: TargetTask, memory: int, capacity: float) -> TargetOutcome:
+def _too_large(label: str, memory: int, capacity: float) -> TaskResult:
     error = MemoryBudgetError(
         f"expects about {memory / MB / 1024:.1f} GB, more than the Ray cluster's "
         f"{capacity / MB / 1024:.1f} GB of memory; add a larger node or lower the build's "
         "memory (smaller calibration, fewer samples)",
-        where=task.label,
+        where=label,
     )
-    return TargetOutcome(
-        task.recipe, task.device, task.precision, FAILED, exit_code=2, error=str(error)
-    )
+    return TaskResult(FAILED, error=str(error), exit_code=error.exit_code)
 
 
 def _cancel_all(ray, pending: list) -> None:

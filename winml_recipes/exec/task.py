@@ -1,10 +1,10 @@
-"""One task of a matrix: build one target of one recipe, in whatever process runs it.
+"""One target of a matrix (a recipe for a device and precision) and what became of it.
 
-A task carries only plain values (paths as strings), so it pickles to a pool process or a
-Ray worker unchanged; its inputs and outputs go through the content-addressed step cache
-(the store every worker shares) and the output folder, never through the worker's memory.
-The outcome is plain data as well: status, the failing step, the one-line error, and where
-the manifest is.
+A target carries only plain values (paths as strings), so it pickles to a pool process or
+a Ray worker unchanged; the graph (exec/graph.py) cuts its plan into tasks whose inputs
+and outputs go through the content-addressed step cache (the store every worker shares)
+and the output folder, never through a worker's memory. The outcome is plain data as
+well: status, the failing step, the one-line error, and where the manifest is.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,78 +118,6 @@ def _reporter(task: TargetTask, label: str) -> Reporter | None:
     if task.progress in ("stdout", "stderr"):
         return step_lines(getattr(sys, task.progress), prefix=label)
     return None
-
-
-def run_target(task: TargetTask, *, raise_errors: bool = False) -> TargetOutcome:
-    """Build one target; every failure becomes a failed outcome (`raise_errors`: re-raised,
-    for --debug). KeyboardInterrupt is never caught: it cancels the whole matrix."""
-    from winml_recipes.engine.cache import StepCache
-    from winml_recipes.engine.plan import make_plan
-    from winml_recipes.engine.run import Reporter as Silent
-    from winml_recipes.engine.run import run_plan
-    from winml_recipes.recipe import load_recipe
-
-    started, started_at = time.perf_counter(), time.time()
-    device, precision = task.device, task.precision
-    tracker = _StepTracker(Silent())
-    try:
-        with _working_dir(task.cwd):
-            plan = make_plan(
-                load_recipe(
-                    task.recipe,
-                    device=device,
-                    precision=precision,
-                    defines=task.defines,
-                    catalog_dir=Path(task.catalog_dir) if task.catalog_dir else None,
-                    source=task.source,
-                )
-            )
-            device, precision = plan.target.device, plan.target.precision
-            progress = _reporter(task, f"{plan.recipe.name} {device}/{precision}")
-            tracker.inner = progress or Silent()
-            with progress or contextlib.nullcontext():
-                result = run_plan(
-                    plan,
-                    output_root=Path(task.output_root),
-                    cache=StepCache(
-                        Path(task.cache_dir) if task.cache_dir else None, enabled=task.use_cache
-                    ),
-                    reporter=tracker,
-                    wait_seconds=task.wait_seconds,
-                    memory_budget=task.memory_budget,
-                )
-    except Exception as exc:
-        if raise_errors:
-            raise
-        error = exc if isinstance(exc, WinmlError) else _as_winml_error(exc)
-        return TargetOutcome(
-            task.recipe,
-            device,
-            precision,
-            FAILED,
-            exit_code=error.exit_code,
-            error=str(error),
-            failing_step=tracker.current,
-            wall_seconds=round(time.perf_counter() - started, 3),
-            worker_pid=os.getpid(),
-            started_at=started_at,
-            finished_at=time.time(),
-        )
-    manifest = result.manifest
-    return TargetOutcome(
-        task.recipe,
-        device,
-        precision,
-        OK,
-        wall_seconds=round(time.perf_counter() - started, 3),
-        output_dir=str(result.output_dir),
-        manifest_path=str(result.output_dir / "manifest.json"),
-        metrics=key_metrics(manifest),
-        name=manifest["recipe"]["name"],
-        worker_pid=os.getpid(),
-        started_at=started_at,
-        finished_at=time.time(),
-    )
 
 
 @contextlib.contextmanager

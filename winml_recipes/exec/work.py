@@ -1,0 +1,248 @@
+"""What a worker runs for one task of the graph (exec/graph.py): a stretch of one
+component's steps, or the assembly of one target's output folder.
+
+The argument and the result are plain, picklable data (paths as the driver sees them,
+chain states that point into the shared step cache), so the same functions run in this
+process, a pool process or on a Ray worker. A worker plans the target itself from the
+recipe (memoized per process) and checks that its plan keys are the driver's: a recipe
+that changed under a running matrix fails its tasks instead of building something else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from winml_recipes.engine.plan import Plan
+from winml_recipes.engine.run import ChainState, Reporter
+from winml_recipes.exec.task import (
+    FAILED,
+    OK,
+    TargetOutcome,
+    TargetTask,
+    _as_winml_error,
+    _reporter,
+    _StepTracker,
+    _working_dir,
+    key_metrics,
+)
+from winml_recipes.sdk.errors import InternalError, WinmlError
+
+
+@dataclass(frozen=True)
+class StepsTask:
+    """Run `steps` (indices) of `component` in `spec`'s plan, from `state` (None: the
+    component's source), with the final states of the components it reads."""
+
+    spec: TargetTask
+    component: str
+    steps: tuple[int, ...]
+    state: ChainState | None
+    upstream: dict[str, ChainState | None]
+    plan_key: str  # the driver's plan key of the last step (checked by the worker)
+    label: str = ""  # the recipe and the targets it builds for (progress lines)
+    raise_errors: bool = False
+
+
+@dataclass(frozen=True)
+class AssembleTask:
+    """Ship each component's final state into `spec`'s output folder, with the manifest
+    built from the steps' records."""
+
+    spec: TargetTask
+    chains: dict[str, tuple[list[dict[str, Any]], ChainState | None]]
+    started_at: float  # when the target's first task started (the manifest's wall time)
+    raise_errors: bool = False
+
+
+@dataclass
+class TaskResult:
+    status: str  # ok, failed
+    records: list[dict[str, Any]] = field(default_factory=list)
+    state: ChainState | None = None
+    outcome: TargetOutcome | None = None  # assemble: the target's outcome
+    error: str | None = None
+    exit_code: int = 0
+    failing_step: str | None = None
+    wall_seconds: float = 0.0
+    worker_pid: int | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    resources: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_PLANS: dict[str, Plan] = {}
+
+
+def plan_of(spec: TargetTask, *, fresh: bool = False) -> Plan:
+    """The target's plan, made once per process (`fresh`: made again)."""
+    import json
+
+    from winml_recipes.engine.plan import make_plan
+    from winml_recipes.recipe import load_recipe
+
+    memo = json.dumps([spec.recipe, spec.device, spec.precision, spec.defines, spec.catalog_dir,
+                       spec.source, spec.cwd], sort_keys=True, default=str)  # fmt: skip
+    if fresh or memo not in _PLANS:
+        _PLANS[memo] = make_plan(
+            load_recipe(
+                spec.recipe,
+                device=spec.device,
+                precision=spec.precision,
+                defines=spec.defines,
+                catalog_dir=Path(spec.catalog_dir) if spec.catalog_dir else None,
+                source=spec.source,
+            )
+        )
+    return _PLANS[memo]
+
+
+def cache_of(spec: TargetTask):
+    from winml_recipes.engine.cache import StepCache
+
+    return StepCache(Path(spec.cache_dir) if spec.cache_dir else None, enabled=True)
+
+
+def run_steps_task(task: StepsTask) -> TaskResult:
+    """Run a stretch of steps; every failure becomes a failed result (KeyboardInterrupt is
+    never caught: it cancels the whole matrix)."""
+    from winml_recipes.engine.budget import resolve_budget
+    from winml_recipes.engine.run import Reporter as Silent
+    from winml_recipes.engine.run import begin_chain, run_steps, upstream_of
+    from winml_recipes.exec.keys import plan_keys
+
+    started, started_at = time.perf_counter(), time.time()
+    tracker = _StepTracker(Silent())
+    cache = cache_of(task.spec)
+    try:
+        with _working_dir(task.spec.cwd):
+            plan = plan_of(task.spec)
+            if plan_keys(plan)[task.component][task.steps[-1]] != task.plan_key:
+                plan = plan_of(task.spec, fresh=True)
+                if plan_keys(plan)[task.component][task.steps[-1]] != task.plan_key:
+                    raise WinmlError(
+                        "the recipe, its catalog or a source changed while the matrix ran; "
+                        "run it again",
+                        where=task.spec.recipe,
+                    )
+            comps = {c.name: c for c in plan.components}
+            comp = comps[task.component]
+            built = {
+                name: upstream_of(comps[name], state) if state is not None else None
+                for name, state in task.upstream.items()
+            }
+            progress = _reporter(task.spec, task.label or plan.recipe.name)
+            tracker.inner = progress or Silent()
+            with progress or contextlib.nullcontext(), cache.scratch() as work_root:
+                try:
+                    records, state = run_steps(
+                        comp,
+                        [comp.steps[i] for i in task.steps],
+                        plan,
+                        work_root,
+                        cache,
+                        task.state or begin_chain(comp),
+                        built,
+                        resolve_budget(task.spec.memory_budget),
+                        tracker,
+                    )
+                finally:
+                    cache.release_claims()
+    except Exception as exc:
+        if task.raise_errors:
+            raise
+        return _failed(exc, tracker.current, started, started_at)
+    return TaskResult(
+        OK,
+        records=records,
+        state=state,
+        wall_seconds=round(time.perf_counter() - started, 3),
+        worker_pid=os.getpid(),
+        started_at=started_at,
+        finished_at=time.time(),
+    )
+
+
+def assemble(task: AssembleTask) -> TaskResult:
+    """Write one target's output folder from its finished steps."""
+    from winml_recipes.engine.run import write_output
+
+    started, started_at = time.perf_counter(), time.time()
+    spec = task.spec
+    try:
+        with _working_dir(spec.cwd):
+            plan = plan_of(spec)
+
+            def chains(_staging: Path) -> dict[str, tuple[list[dict[str, Any]], ChainState]]:
+                out = {}
+                for name, (records, state) in task.chains.items():
+                    if state is None:
+                        raise InternalError(f"{name}: no model after the last step")
+                    out[name] = (records, state)
+                return out
+
+            result = write_output(
+                plan,
+                Path(spec.output_root),
+                chains,
+                _lines(spec, plan.recipe.name),
+                wait_seconds=spec.wait_seconds,
+                wall_seconds=time.time() - task.started_at,
+            )
+    except Exception as exc:
+        if task.raise_errors:
+            raise
+        return _failed(exc, None, started, started_at)
+    manifest = result.manifest
+    outcome = TargetOutcome(
+        spec.recipe,
+        plan.target.device,
+        plan.target.precision,
+        OK,
+        wall_seconds=round(time.perf_counter() - started, 3),
+        output_dir=str(result.output_dir),
+        manifest_path=str(result.output_dir / "manifest.json"),
+        metrics=key_metrics(manifest),
+        name=manifest["recipe"]["name"],
+        worker_pid=os.getpid(),
+        started_at=started_at,
+        finished_at=time.time(),
+    )
+    return TaskResult(
+        OK,
+        outcome=outcome,
+        wall_seconds=outcome.wall_seconds,
+        worker_pid=os.getpid(),
+        started_at=started_at,
+        finished_at=outcome.finished_at,
+    )
+
+
+def _lines(spec: TargetTask, label: str) -> Reporter:
+    """Messages of an assembly (waiting for another build's lock) as lines: it has no
+    steps to show in a live view."""
+    from dataclasses import replace
+
+    return _reporter(replace(spec, progress="stderr") if spec.progress == "rich" else spec,
+                     label) or Reporter()  # fmt: skip
+
+
+def _failed(exc: Exception, step: str | None, started: float, started_at: float) -> TaskResult:
+    error = exc if isinstance(exc, WinmlError) else _as_winml_error(exc)
+    return TaskResult(
+        FAILED,
+        error=str(error),
+        exit_code=error.exit_code,
+        failing_step=step,
+        wall_seconds=round(time.perf_counter() - started, 3),
+        worker_pid=os.getpid(),
+        started_at=started_at,
+        finished_at=time.time(),
+    )
