@@ -642,7 +642,9 @@ def catalog_show(name, catalog_dir, as_json) -> None:
 
 
 @main.command()
-@click.argument("name", default="recipe", type=click.Choice(["recipe", "catalog", "manifest"]))
+@click.argument(
+    "name", default="recipe", type=click.Choice(["recipe", "catalog", "manifest", "report"])
+)
 @click.option("--write", is_flag=True, help="Write every schema into --dir instead of printing.")
 @click.option("--dir", "directory", default="schemas", type=click.Path(path_type=Path))
 def schema(name, write, directory) -> None:

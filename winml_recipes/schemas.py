@@ -416,10 +416,100 @@ def manifest_schema() -> dict[str, Any]:
     }
 
 
+def report_schema() -> dict[str, Any]:
+    """The JSON report of `build --report` / `matrix --report` (exec/matrix.py)."""
+    number = {"type": "number", "minimum": 0}
+    maybe_number = {"type": ["number", "null"]}
+    maybe_text = {"type": ["string", "null"]}
+    resources = {
+        "type": "object",
+        "description": "What the scheduler granted (Ray: CPU, memory in bytes).",
+        "additionalProperties": {"type": "number"},
+    }
+    target = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["recipe", "device", "precision", "status", "exit_code", "error"],
+        "properties": {
+            "recipe": {"type": "string", "description": "The recipe file as given."},
+            "name": maybe_text,
+            "device": maybe_text,
+            "precision": maybe_text,
+            "status": {"enum": ["ok", "failed", "not run"]},
+            "exit_code": {"enum": [0, 1, 2, 3]},
+            "error": {**maybe_text, "description": "One line: where, what, what to do."},
+            "failing_step": {**maybe_text, "description": "component/step"},
+            "wall_seconds": number,
+            "output_dir": maybe_text,
+            "manifest_path": maybe_text,
+            "metrics": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "size_mb": number,
+                    "min_sqnr_db": maybe_number,
+                    "steps_ran": {"type": "integer", "minimum": 0},
+                    "steps_cached": {"type": "integer", "minimum": 0},
+                    "build_seconds": number,
+                },
+            },
+            "worker_pid": {"type": ["integer", "null"]},
+            "started_at": {**maybe_number, "description": "Epoch seconds."},
+            "finished_at": maybe_number,
+            "resources": resources,
+        },
+    }
+    task = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["id", "kind", "label", "targets", "needs", "status", "attempts"],
+        "properties": {
+            "id": {"type": "string"},
+            "kind": {"enum": ["steps", "assemble"]},
+            "label": {"type": "string"},
+            "component": maybe_text,
+            "steps": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+            "targets": {
+                "type": "array",
+                "items": {"type": "integer", "minimum": 0},
+                "description": "Indices into `targets` of the targets that need this task.",
+            },
+            "needs": {"type": "array", "items": {"type": "string"}},
+            "status": {"enum": ["ok", "failed", "not run", "waiting", "running"]},
+            "attempts": {"type": "integer", "minimum": 0},
+            "memory_mb": {**number, "description": "What the task declared it expects."},
+            "worker_pid": {"type": ["integer", "null"]},
+            "started_at": maybe_number,
+            "finished_at": maybe_number,
+            "wall_seconds": number,
+            "resources": resources,
+        },
+    }
+    return {
+        "$schema": DRAFT,
+        "title": "winml-recipes build report",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["report_version", "status", "exit_code", "executor", "targets", "tasks"],
+        "properties": {
+            "report_version": {"const": 1},
+            "status": {"enum": ["ok", "failed", "interrupted"]},
+            "exit_code": {"enum": [0, 1, 2, 3, 130]},
+            "executor": {"enum": ["local", "pool", "ray"]},
+            "wall_seconds": number,
+            "startup_seconds": number,
+            "error": maybe_text,
+            "targets": {"type": "array", "items": target},
+            "tasks": {"type": "array", "items": task},
+        },
+    }
+
+
 SCHEMAS = {
     "recipe": recipe_schema,
     "catalog": catalog_schema,
     "manifest": manifest_schema,
+    "report": report_schema,
 }
 
 

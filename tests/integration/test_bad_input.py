@@ -19,7 +19,7 @@ import onnx
 import pytest
 
 from tests.conftest import MLP_CATALOG, RECIPES, cli, known_names, make_mlp_onnx
-from winml_recipes.engine.cache import LOCKS
+from winml_recipes.engine.cache import LOCKS, WORK
 from winml_recipes.onnx.io import file_sha256
 from winml_recipes.presets import precisions
 
@@ -610,6 +610,8 @@ def cache_entries(cache: Path) -> dict[str, dict]:
     for shard in cache.iterdir():
         if shard.name == LOCKS:  # a lock file per key computed (no content)
             continue
+        if shard.name == WORK:  # steps' scratch folders (not entries)
+            continue
         for entry in shard.iterdir():
             assert re.fullmatch(r"[0-9a-f]{64}", entry.name) and entry.name[:2] == shard.name
             result = json.loads((entry / "result.json").read_text())
@@ -640,9 +642,9 @@ def test_interrupted_build_leaves_output_and_cache_whole(slow: SlowBuilds, sig) 
     proc, marker, err = slow.start("v2", "interrupted")
     try:
         wait_for(marker.exists, proc)
-        # the step runs inside a staging directory beside the output
-        assert [p.name for p in slow.target.parent.glob(".staging-cpu-fp32-*")] == [
-            f".staging-cpu-fp32-{proc.pid}"
+        # the step runs in a scratch folder in the store, named after the building process
+        assert [p.name.split("-")[0] for p in (slow.proj.cache / WORK).glob("*/")] == [
+            str(proc.pid)
         ]
         proc.send_signal(sig)
         proc.wait(timeout=60)
@@ -676,6 +678,7 @@ def test_interrupted_build_leaves_output_and_cache_whole(slow: SlowBuilds, sig) 
     assert file_sha256(model) == manifest["components"]["model"]["artifact"]["sha256"]
     assert sorted(p.name for p in slow.target.iterdir()) == ["manifest.json", "model"]
     assert len(cache_entries(slow.proj.cache)) == len(cached_before) + 1  # slow v2
+    assert list((slow.proj.cache / WORK).glob("*/")) == []  # a killed step's scratch swept
 
 
 def test_concurrent_builds_take_turns(slow: SlowBuilds) -> None:

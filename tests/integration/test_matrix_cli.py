@@ -27,6 +27,18 @@ def _gated(tmp_path: Path) -> Path:
     return make_mlp_project(tmp_path, steps=GATED)
 
 
+def valid_report(path: Path) -> dict:
+    """The report file, checked against the report schema the project ships."""
+    import jsonschema
+
+    from tests.conftest import REPO
+
+    report = json.loads(path.read_text())
+    schema = json.loads((REPO / "schemas" / "report.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(report)
+    return report
+
+
 def _presets(tmp_path: Path) -> Path:
     """The MLP project with no steps: each target's presets (npu fixes shapes)."""
     recipe = make_mlp_project(tmp_path)
@@ -66,7 +78,7 @@ def test_keep_going_builds_the_rest_and_the_report_file_lists_both(tmp_path) -> 
         "y: SQNR 200.00 dB < 250 dB"
     ]
     assert "built mlp for npu/fp32 in" in result.stdout
-    report = json.loads(report_path.read_text())
+    report = valid_report(report_path)
     cpu, npu = report["targets"]
     assert (cpu["status"], npu["status"]) == ("failed", "ok")
     manifest = json.loads(Path(npu["manifest_path"]).read_text())
@@ -206,7 +218,7 @@ def test_ctrl_c_cancels_a_pool_matrix_and_keeps_outputs_and_cache(tmp_path) -> N
     assert (
         err.splitlines()[-1] == "error: interrupted; the previous output and the cache are intact"
     )
-    report = json.loads(report_path.read_text())
+    report = valid_report(report_path)
     assert (report["status"], report["exit_code"]) == ("interrupted", 130)
     assert [t["status"] for t in report["targets"]] == ["not run"]
     assert snapshot(target) == before

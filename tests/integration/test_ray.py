@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MLP_CATALOG, RECIPES, make_mlp_onnx
+from tests.integration.test_matrix_cli import valid_report
 from winml_recipes import api
 from winml_recipes.exec.reproducible import fingerprint
 from winml_recipes.exec.resources import DEFAULT_TASK_MB
@@ -153,7 +154,7 @@ def test_same_bytes_as_local_a_killed_worker_retried_a_failure_alone(cluster, tm
     assert failed == [("gated", "cpu/fp32")], [(k, rows[k].error) for k in failed]
     assert rows["gated", "cpu/fp32"].failing_step == "model/verify"
     assert rows["gated", "cpu/fp32"].exit_code == ray_report.exit_code == 3
-    assert json.loads((tmp_path / "ray.json").read_text())["targets"][-1]["status"] == "failed"
+    assert valid_report(tmp_path / "ray.json")["targets"][-1]["status"] == "failed"
     assert [o.status for o in local.outcomes] == [o.status for o in ray_report.outcomes]
 
     # each task was granted the memory it expects (at least the default of a small build)
@@ -283,7 +284,7 @@ def test_ctrl_c_cancels_the_ray_tasks_and_leaves_output_and_cache_whole(cluster,
     assert err.strip().splitlines()[-1] == (
         "error: interrupted; the previous output and the cache are intact"
     )
-    report = json.loads(report_path.read_text())
+    report = valid_report(report_path)
     assert (report["status"], [t["status"] for t in report["targets"]]) == (
         "interrupted",
         ["not run"],

@@ -159,13 +159,25 @@ def write_output(
     return BuildResult(out_dir, manifest, final)
 
 
-def lock_path_for(out_dir: Path) -> Path:
-    """A lock per output directory, kept outside it so a failed build leaves nothing there."""
+def lock_path_for(out_dir: Path, what: str = "output") -> Path:
+    """A lock per output directory, kept outside it so a failed build leaves nothing there:
+    `output` guards writing the folder, `build` a whole build of the target (held by the
+    process that runs it while its steps run elsewhere)."""
     import hashlib
     import tempfile
 
     key = hashlib.sha256(str(out_dir.resolve()).encode()).hexdigest()[:32]
-    return Path(tempfile.gettempdir()) / "winml-recipes-locks" / f"{key}.lock"
+    suffix = "" if what == "output" else f".{what}"
+    return Path(tempfile.gettempdir()) / "winml-recipes-locks" / f"{key}{suffix}.lock"
+
+
+def recover_output(out_dir: Path, wait_seconds: float = 600.0) -> None:
+    """Before a build that writes `out_dir` only at its end: put back the output an
+    interrupted swap took away, and sweep leftovers (the target's output lock held)."""
+    if not out_dir.parent.is_dir():
+        return
+    with exclusive(lock_path_for(out_dir), out_dir, wait_seconds=wait_seconds):
+        _sweep_stale(out_dir)
 
 
 def _sweep_stale(out_dir: Path) -> None:

@@ -9,6 +9,7 @@ that order of precedence), 130 interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -36,7 +37,6 @@ class MatrixReport:
     interrupted: bool = False
     error: WinmlError | None = None  # the run itself failed (e.g. Ray missing)
     tasks: list[dict[str, Any]] = field(default_factory=list)  # the graph's tasks
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -69,7 +69,6 @@ class MatrixReport:
             "error": str(self.error) if self.error is not None else None,
             "targets": [o.to_dict() for o in self.outcomes],
             "tasks": self.tasks,
-            **self.extra,
         }
 
     def write(self, path: Path) -> None:
@@ -217,8 +216,10 @@ def run_tasks(
     report = MatrixReport(executor.name, [])
     tasks, private_store = _with_store(list(tasks))
     graph: TaskGraph | None = None
+    held = contextlib.ExitStack()
     try:
         plans, failed = plan_targets(tasks)
+        _hold_targets(tasks, plans, failed, held)
         memory = {i: TaskMemory(tasks[i], plan) for i, plan in plans.items()}
         graph = TaskGraph(
             tasks,
@@ -243,6 +244,7 @@ def run_tasks(
         report.error = exc
         raise
     finally:
+        held.close()
         report.outcomes = [*failed_before] + [
             outcomes.get(i) or not_run(t, INTERRUPTED) for i, t in enumerate(tasks)
         ]
@@ -254,6 +256,50 @@ def run_tasks(
         if report_path is not None:
             report.write(report_path)
     return report
+
+
+def _hold_targets(
+    tasks: Sequence[TargetTask],
+    plans: dict[int, Plan],
+    failed: dict[int, TargetOutcome],
+    held: contextlib.ExitStack,
+) -> None:
+    """Take each target's build lock for the whole run, in one order (two matrices never
+    wait for each other in a cycle): a second build of a target waits, saying for whom,
+    until the first is done, then reads its steps from the cache. A target whose lock
+    does not come within its --wait fails alone (exit 2)."""
+    import sys
+
+    from winml_recipes.engine.lock import exclusive
+    from winml_recipes.engine.run import lock_path_for, output_dir_for, recover_output
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    outs = {i: output_dir_for(plan, Path(tasks[i].output_root)) for i, plan in plans.items()}
+    for index in sorted(outs, key=lambda i: str(outs[i].resolve())):
+        task = tasks[index]
+        try:
+            held.enter_context(
+                exclusive(
+                    lock_path_for(outs[index], "build"),
+                    outs[index],
+                    wait_seconds=task.wait_seconds,
+                    on_wait=say if task.progress != "none" else None,
+                )
+            )
+            recover_output(outs[index], task.wait_seconds)
+        except WinmlError as exc:
+            plan = plans.pop(index)
+            failed[index] = TargetOutcome(
+                task.recipe,
+                plan.target.device,
+                plan.target.precision,
+                FAILED,
+                exit_code=exc.exit_code,
+                error=str(exc),
+                name=plan.recipe.name,
+            )
 
 
 def _with_store(tasks: list[TargetTask]) -> tuple[list[TargetTask], Path | None]:

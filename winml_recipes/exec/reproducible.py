@@ -3,11 +3,14 @@ the fields that describe one run (times anywhere, e.g. a step's `wall_seconds` o
 export's `export_seconds`; memory peaks; whether a step ran or came from the cache, and
 whether the upstream forwards a calibration needs were computed or read from the store).
 
-One exception, outside this tool's reach: the QNN SDK does not reproduce its context
-binaries (`*_qnn.bin`). Compiling the same sam3-tiny decoder graph three times, each in a
-fresh process, gave three binaries of the same size that differ in about 70 bytes (one
-region). They count by size only; the EPContext model that points at them must still be
-identical, and the compile step checks each binary against the uncompiled model on the EP.
+One exception, outside this tool's reach: the QNN HTP serializer copies some of the
+compiling process's memory into padding of its context binaries (`*_qnn.bin`): compiling
+the sam3-tiny decoder graph twice in fresh processes gives binaries of the same size that
+differ in 70-78 bytes of one region (heap and stack pointers, a code address, a
+per-process random value; overwriting them all leaves the outputs on HTP bit-identical;
+no provider option changes it). They count by size only; the EPContext model that points
+at them must still be identical, and the compile step checks each binary against the
+uncompiled model on the EP.
 """
 
 from __future__ import annotations
