@@ -87,8 +87,11 @@ def run(reduced: bool, jobs: int) -> dict:
             for o in reports["local"].outcomes
             for ex in ("pool", "ray")
         )
+        tasks = reports["local"].tasks
         return {
             "targets": len(reports["local"].outcomes),
+            "tasks": len(tasks),
+            "tasks_shared_by_targets": sum(len(t["targets"]) > 1 for t in tasks),
             "jobs": jobs,
             "local_s": round(walls["local"], 2),
             "pool_s": round(walls["pool"], 2),
@@ -107,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     r = run(args.reduced, args.jobs)
     print(f"matrix of {r['targets']} target builds, {r['jobs']} workers (empty caches each)")
+    print(f"{r['tasks']} tasks, {r['tasks_shared_by_targets']} of them shared by several targets")
     print(f"local                       {r['local_s']:8.2f} s")
     print(f"pool                        {r['pool_s']:8.2f} s   ratio {r['pool_over_local']:.3f}")
     print(f"ray (cluster already up)    {r['ray_s']:8.2f} s   ratio {r['ray_over_local']:.3f}")

@@ -79,6 +79,7 @@ class TaskResult:
 
 
 _PLANS: dict[str, Plan] = {}
+PLANS_KEPT = 32  # a long-lived worker (Ray) plans many recipes over its life
 
 
 def plan_of(spec: TargetTask, *, fresh: bool = False) -> Plan:
@@ -91,6 +92,9 @@ def plan_of(spec: TargetTask, *, fresh: bool = False) -> Plan:
     memo = json.dumps([spec.recipe, spec.device, spec.precision, spec.defines, spec.catalog_dir,
                        spec.source, spec.cwd], sort_keys=True, default=str)  # fmt: skip
     if fresh or memo not in _PLANS:
+        while len(_PLANS) >= PLANS_KEPT:
+            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS.pop(memo, None)
         _PLANS[memo] = make_plan(
             load_recipe(
                 spec.recipe,

@@ -1,0 +1,99 @@
+"""The matrix as a graph of tasks: what targets share is one task, a component that reads
+another waits only for it, and the graph's outputs are those of plain builds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import RECIPES, make_mlp_project
+from winml_recipes import api
+from winml_recipes.exec.graph import TaskGraph
+from winml_recipes.exec.matrix import plan_targets
+from winml_recipes.exec.reproducible import fingerprint
+from winml_recipes.exec.task import TargetTask
+
+SAM3 = str(RECIPES / "sam3-tiny.yaml")
+
+
+def _graph(recipe: str, targets: list[tuple[str, str]]) -> tuple[TaskGraph, list[str]]:
+    tasks = [TargetTask(recipe, d, p) for d, p in targets]
+    plans, failed = plan_targets(tasks)
+    assert not failed
+    graph = TaskGraph(tasks, plans, keep_going=True, on_target=lambda i, o: None)
+    return graph, [f"{d}/{p}" for d, p in targets]
+
+
+def _targets(graph: TaskGraph, names: list[str], node) -> set[str]:
+    return {names[i] for i in node.targets}
+
+
+def test_sam3_tiny_targets_share_exports_and_npu_shape_fixing() -> None:
+    targets = api.targets_of(SAM3)
+    graph, names = _graph(SAM3, targets)
+    steps = [n for n in graph.nodes.values() if n.kind == "steps"]
+    first = {n.component: n for n in steps if n.after is None}
+    # each component's export is one task, used by every target
+    assert set(first) == {"vision_encoder", "prompt_encoder_mask_decoder"}
+    for node in first.values():
+        assert node.label.split("[")[1].startswith("export")
+        assert _targets(graph, names, node) == set(names)
+    # the npu targets fix shapes alike: one task per component for both
+    fixing = [n for n in steps if n.label.endswith("[fix_shapes]")]
+    assert len(fixing) == 2
+    assert all(_targets(graph, names, n) == {"npu/w8a16", "npu/uint8"} for n in fixing)
+    # every quantize is its target's own
+    quantizing = [n for n in steps if "quantize" in n.label]
+    assert len(quantizing) == 2 * sum(p != "fp32" for _, p in targets)
+    assert all(len(n.targets) == 1 for n in quantizing)
+
+
+def test_the_decoder_calibration_waits_for_its_targets_encoder_and_not_its_export() -> None:
+    graph, _ = _graph(SAM3, [("cpu", "int8"), ("cpu", "uint8")])
+    nodes = graph.nodes
+    for node in nodes.values():
+        if node.component != "prompt_encoder_mask_decoder" or "quantize" not in node.label:
+            continue
+        (encoder,) = node.upstream.values()
+        assert nodes[encoder].component == "vision_encoder"
+        assert nodes[encoder].targets == node.targets  # the same target's encoder
+        # the encoder's last task, not an earlier one
+        assert not [n for n in nodes.values() if n.after == encoder]
+        assert node.label.split("[")[1].startswith("quantize")  # its export was split off
+        assert nodes[node.after].upstream == {}
+    # an assembly waits for each component's last task of its target
+    for node in nodes.values():
+        if node.kind == "assemble":
+            assert set(node.chains) == {"vision_encoder", "prompt_encoder_mask_decoder"}
+            assert all(nodes[c[-1]].targets[-1] in node.targets for c in node.chains.values())
+    # nothing runs before what it needs
+    order: list[str] = []
+    while ready := graph.ready(limit=1):
+        (node,) = ready
+        assert all(n in order for n in node.needs), node.label
+        order.append(node.id)
+        node.status = "ok"
+    assert len(order) == len(nodes)
+
+
+def test_graph_outputs_are_plain_builds_outputs(tmp_path) -> None:
+    """A matrix of three MLP targets (sharing normalize) gives each target the folder a
+    plain `api.build` of it gives (the engine's one-target path, no task graph)."""
+    recipe = make_mlp_project(tmp_path)
+    recipe.write_text(
+        recipe.read_text().split("steps:")[0]
+        + "  - {device: cpu, precision: int8}\n  - {device: npu, precision: uint8}\n"
+    )
+    report = api.matrix([recipe], output_root=tmp_path / "graph", cache_dir=tmp_path / "c1")
+    assert report.exit_code == 0, [o.error for o in report.outcomes]
+    assert len(report.outcomes) == 4
+    shared = [t for t in report.tasks if len(t["targets"]) > 1]
+    assert shared, "no task was shared"
+    for outcome in report.outcomes:
+        plain = api.build(
+            recipe,
+            device=outcome.device,
+            precision=outcome.precision,
+            output_root=tmp_path / "plain",
+            cache_dir=tmp_path / "c2",
+        )
+        assert fingerprint(Path(outcome.output_dir)) == fingerprint(plain.output_dir)
