@@ -229,7 +229,7 @@ def test_a_task_larger_than_the_cluster_fails_at_once(cluster, tmp_path) -> None
                       memory_mb=memory * 2)  # fmt: skip
     huge_outcome, small_outcome = _on_ray([huge, small]).outcomes
     assert huge_outcome.status == "failed" and huge_outcome.exit_code == 2
-    assert "more than the Ray cluster's" in huge_outcome.error
+    assert "more than the largest Ray node's" in huge_outcome.error
     assert small_outcome.status == "ok"
     assert not (tmp_path / "b" / "mlp" / "cpu-int8").exists()
 

@@ -97,3 +97,25 @@ def test_graph_outputs_are_plain_builds_outputs(tmp_path) -> None:
             cache_dir=tmp_path / "c2",
         )
         assert fingerprint(Path(outcome.output_dir)) == fingerprint(plain.output_dir)
+
+
+def test_a_component_without_steps_ships_its_source_as_a_plain_build_does(tmp_path) -> None:
+    recipe = make_mlp_project(tmp_path, steps="[]")
+    report = api.matrix([recipe], targets="cpu/fp32", output_root=tmp_path / "graph")
+    (outcome,) = report.outcomes
+    assert outcome.status == "ok", outcome.error
+    assert [t["kind"] for t in report.tasks] == ["assemble"]
+    plain = api.build(recipe, device="cpu", precision="fp32", output_root=tmp_path / "plain")
+    assert fingerprint(Path(outcome.output_dir)) == fingerprint(plain.output_dir)
+
+
+def test_two_targets_writing_one_folder_fail_at_once_and_the_first_builds(tmp_path) -> None:
+    recipe = make_mlp_project(tmp_path)
+    report = api.matrix(
+        [recipe, recipe], targets="cpu/fp32", output_root=tmp_path / "b", keep_going=True
+    )
+    first, second = report.outcomes
+    assert first.status == "ok", first.error
+    assert (second.status, second.exit_code) == ("failed", 2)
+    assert "writes the same folder for the same target" in second.error
+    assert report.tasks and all(t["targets"] == [0] for t in report.tasks)

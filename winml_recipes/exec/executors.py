@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any, Protocol
 
-from winml_recipes.exec.graph import Node, TaskGraph
+from winml_recipes.exec.graph import STOPPED, Node, TaskGraph
 from winml_recipes.exec.work import TaskResult
 
 # As many as Ray gets (ray_executor.MAX_RETRIES): a task whose worker died runs again.
@@ -51,9 +51,10 @@ def worker_failed(what: str) -> TaskResult:
 
 class PoolExecutor:
     """`jobs` worker processes on this machine (spawned, so nothing of the parent's state,
-    threads or locks is inherited; the same on Windows). At most `jobs` tasks are handed
-    out at once, so a stop never has queued work to cancel. Ctrl-C reaches the driver (the
-    workers ignore SIGINT), which stops the workers once, gracefully (see `_stop`)."""
+    threads or locks is inherited; the same on Windows). At most `jobs` tasks are taken
+    from the graph at once, so after a failure (without keep-going) only the running ones
+    finish. Ctrl-C reaches the driver (the workers ignore SIGINT), which stops the workers
+    once, gracefully (see `_stop`)."""
 
     name = "pool"
     startup_seconds = 0.0
@@ -82,30 +83,37 @@ class PoolExecutor:
             initializer=_worker_setup,
         )
         futures: dict[Any, Node] = {}
-        queue = list(retry)
-        again: list[Node] = []
+        queue = list(retry)  # tasks of a broken pool, to run first
         try:
             while True:
-                queue += graph.ready()
+                if graph.stopped:  # a failure without keep-going: nothing more starts
+                    for node in queue:
+                        graph.cancelled(node, STOPPED)
+                    queue = []
+                free = self.jobs - len(futures) - len(queue)
+                queue += graph.ready(limit=free) if free > 0 else []
                 while queue and len(futures) < self.jobs:
                     node = queue.pop(0)
                     fn, arg = graph.call(node)
                     futures[pool.submit(_pool_task, fn, arg)] = node
                 if not futures:
-                    return again
+                    return []
                 done, _ = wait(list(futures), return_when=FIRST_COMPLETED)
-                broken = False
-                for future in done:
-                    node = futures.pop(future)
+                if not any(_worker_died(f) for f in done):
+                    for future in done:
+                        graph.finish(futures.pop(future), _result(future))
+                    continue
+                # The pool is broken: every task on it ended. Those that answered keep
+                # their result; the others run again on a fresh pool.
+                wait(list(futures))
+                again: list[Node] = []
+                for future, node in futures.items():
                     if _worker_died(future):
-                        broken = True
                         again += _again(graph, node, future)
                     else:
                         graph.finish(node, _result(future))
-                if broken:  # what still runs on the broken pool dies with it
-                    for future in list(futures):
-                        again += _again(graph, futures.pop(future), future)
-                    return again + queue
+                futures = {}
+                return again + queue
         except KeyboardInterrupt:
             _stop(pool, list(futures))
             raise

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from winml_recipes.engine.plan import Plan
-from winml_recipes.exec.keys import plan_keys
+from winml_recipes.exec.keys import plan_fingerprint, plan_keys
 from winml_recipes.exec.task import FAILED, NOT_RUN, OK, TargetOutcome, TargetTask, not_run
 from winml_recipes.exec.work import AssembleTask, StepsTask, TaskResult, assemble, run_steps_task
 
@@ -47,7 +47,8 @@ class Node:
     component: str | None = None
     steps: tuple[int, ...] = ()  # step indices within the component's chain
     after: str | None = None  # the steps task whose final state this one starts from
-    upstream: dict[str, str] = field(default_factory=dict)  # component -> its last task
+    # component -> its last task (None: it has no steps, its source is what it gives)
+    upstream: dict[str, str | None] = field(default_factory=dict)
     chains: dict[str, list[str]] = field(default_factory=dict)  # assemble: comp -> tasks
     memory_mb: float = 0.0
     status: str = WAITING
@@ -57,11 +58,11 @@ class Node:
     @property
     def needs(self) -> list[str]:
         deps = [self.after] if self.after else []
-        deps += list(self.upstream.values())
+        deps += [n for n in self.upstream.values() if n is not None]
         deps += [n for chain in self.chains.values() for n in chain[-1:]]
         return deps
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, offset: int = 0) -> dict[str, Any]:
         r = self.result
         return {
             "id": self.id[:16],
@@ -69,7 +70,7 @@ class Node:
             "label": self.label,
             "component": self.component,
             "steps": list(self.steps),
-            "targets": self.targets,
+            "targets": [i + offset for i in self.targets],
             "needs": [n[:16] for n in self.needs],
             "status": self.status,
             "attempts": self.attempts,
@@ -107,6 +108,7 @@ class TaskGraph:
         self.outcomes: dict[int, TargetOutcome] = {}
         self.stopped = False
         keys = {index: plan_keys(plan) for index, plan in plans.items()}
+        self.fingerprints = {index: plan_fingerprint(plan) for index, plan in plans.items()}
         self._users: dict[str, set[int]] = {}
         for index, per_comp in keys.items():
             for chain in per_comp.values():
@@ -136,7 +138,7 @@ class TaskGraph:
                         component=comp.name,
                         steps=span,
                         after=chain[-1] if chain else None,
-                        upstream={d: chains[d][-1] for d in deps},
+                        upstream={d: (chains[d] or [None])[-1] for d in deps},
                     )
                 node.targets.append(index)
                 if memory is not None:
@@ -188,14 +190,6 @@ class TaskGraph:
                 out.append(node)
         return out
 
-    @property
-    def running(self) -> list[Node]:
-        return [n for n in self.nodes.values() if n.status == RUNNING]
-
-    @property
-    def finished(self) -> bool:
-        return not any(n.status in (WAITING, RUNNING) for n in self.nodes.values())
-
     def call(self, node: Node) -> tuple[Callable[[Any], TaskResult], Any]:
         """The function and its (picklable) argument that run `node` anywhere."""
         spec = self.tasks[node.targets[0]]
@@ -209,17 +203,18 @@ class TaskGraph:
             }
             started = [self._result(n).started_at for ids in node.chains.values() for n in ids]
             first = min((s for s in started if s is not None), default=time.time())
-            return assemble, AssembleTask(spec, chains, first, self.raise_errors)
+            fingerprint = self.fingerprints[node.targets[0]]
+            return assemble, AssembleTask(spec, chains, first, fingerprint, self.raise_errors)
         assert node.component is not None
         state = self._result(node.after).state if node.after else None
-        upstream = {comp: self._result(n).state for comp, n in node.upstream.items()}
+        upstream = {c: self._result(n).state if n else None for c, n in node.upstream.items()}
         steps_task = StepsTask(
             spec,
             node.component,
             node.steps,
             state,
             upstream,
-            node.id,
+            self.fingerprints[node.targets[0]],
             self._targets_label(node),
             self.raise_errors,
         )
@@ -327,8 +322,6 @@ class TaskGraph:
     def _target_done(self, index: int, outcome: TargetOutcome) -> None:
         self.outcomes[index] = outcome
         self.on_target(index, outcome)
-        if self.stopped:
-            return
 
     def settle(self, why: str) -> None:
         """After the executor is done: every target without an outcome is not run."""
@@ -336,5 +329,6 @@ class TaskGraph:
             if index not in self.outcomes:
                 self._target_done(index, not_run(self.tasks[index], why))
 
-    def summary(self) -> list[dict[str, Any]]:
-        return [n.to_dict() for n in self.nodes.values()]
+    def summary(self, offset: int = 0) -> list[dict[str, Any]]:
+        """Every task as the report lists it (`offset`: targets listed before these)."""
+        return [n.to_dict(offset) for n in self.nodes.values()]

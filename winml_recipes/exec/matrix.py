@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -197,8 +198,6 @@ def run_tasks(
     the recipes that failed before any task, and every task of the graph. Ctrl-C stops
     the executor, writes the report with the unfinished targets as not run, and
     re-raises."""
-    import shutil
-
     from winml_recipes.exec.graph import STOPPED, TaskGraph
     from winml_recipes.exec.resources import TaskMemory
 
@@ -207,19 +206,21 @@ def run_tasks(
         if on_outcome is not None:
             on_outcome(outcome)
 
+    locks = TargetLocks()
+
     def done(index: int, outcome: TargetOutcome) -> None:
+        locks.release(index)  # its output is final: another build of it may start
         outcomes[index] = outcome
         if on_outcome is not None:
             on_outcome(outcome)
 
     started = time.perf_counter()
     report = MatrixReport(executor.name, [])
-    tasks, private_store = _with_store(list(tasks))
+    tasks, remove_store = _with_store(list(tasks))
     graph: TaskGraph | None = None
-    held = contextlib.ExitStack()
     try:
         plans, failed = plan_targets(tasks)
-        _hold_targets(tasks, plans, failed, held)
+        locks.take(tasks, plans, failed)
         memory = {i: TaskMemory(tasks[i], plan) for i, plan in plans.items()}
         graph = TaskGraph(
             tasks,
@@ -244,72 +245,144 @@ def run_tasks(
         report.error = exc
         raise
     finally:
-        held.close()
+        locks.close()
         report.outcomes = [*failed_before] + [
             outcomes.get(i) or not_run(t, INTERRUPTED) for i, t in enumerate(tasks)
         ]
-        report.tasks = graph.summary() if graph is not None else []
+        report.tasks = graph.summary(len(failed_before)) if graph is not None else []
         report.wall_seconds = time.perf_counter() - started
         report.startup_seconds = executor.startup_seconds
-        if private_store is not None:
-            shutil.rmtree(private_store, ignore_errors=True)
+        if remove_store is not None:
+            remove_store()
         if report_path is not None:
             report.write(report_path)
     return report
 
 
-def _hold_targets(
-    tasks: Sequence[TargetTask],
-    plans: dict[int, Plan],
-    failed: dict[int, TargetOutcome],
-    held: contextlib.ExitStack,
-) -> None:
-    """Take each target's build lock for the whole run, in one order (two matrices never
-    wait for each other in a cycle): a second build of a target waits, saying for whom,
-    until the first is done, then reads its steps from the cache. A target whose lock
-    does not come within its --wait fails alone (exit 2)."""
-    import sys
+class TargetLocks:
+    """Each target's build lock, held by the driver from before its first task until its
+    outcome: a second build of a target (another matrix, another `build`) waits, saying
+    for whom, then reads the steps the first one stored. Free locks are taken first, then
+    the busy ones within one --wait for all (never a wait per target); a target whose lock
+    does not come fails alone (exit 2). Two targets of one matrix that would write one
+    folder fail at once."""
 
-    from winml_recipes.engine.lock import exclusive
-    from winml_recipes.engine.run import lock_path_for, output_dir_for, recover_output
+    def __init__(self) -> None:
+        self.held: dict[int, contextlib.ExitStack] = {}
 
-    def say(text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
+    def take(
+        self,
+        tasks: Sequence[TargetTask],
+        plans: dict[int, Plan],
+        failed: dict[int, TargetOutcome],
+    ) -> None:
+        from winml_recipes.engine.run import output_dir_for
 
-    outs = {i: output_dir_for(plan, Path(tasks[i].output_root)) for i, plan in plans.items()}
-    for index in sorted(outs, key=lambda i: str(outs[i].resolve())):
+        outs = {i: output_dir_for(plan, Path(tasks[i].output_root)) for i, plan in plans.items()}
+        first: dict[Path, int] = {}
+        for index in sorted(outs):
+            other = first.setdefault(outs[index].resolve(), index)
+            if other != index:
+                error = RecipeError(
+                    f"{tasks[other].recipe} writes the same folder for the same target; "
+                    "give the recipes different names",
+                    where=tasks[index].recipe,
+                )
+                self._fail(index, tasks, plans, failed, error)
+        busy = [i for i in sorted(plans, key=lambda i: str(outs[i])) if not self._lock(i, tasks,
+                outs[i], plans, failed, 0.0)]  # fmt: skip
+        started = time.monotonic()
+        for index in busy:
+            wait = max(0.0, tasks[index].wait_seconds - (time.monotonic() - started))
+            self._lock(index, tasks, outs[index], plans, failed, wait, last_try=True)
+
+    def _lock(self, index, tasks, out: Path, plans, failed, wait: float, last_try=False) -> bool:
+        import sys
+
+        from winml_recipes.engine.lock import exclusive
+        from winml_recipes.engine.run import lock_path_for, recover_output
+        from winml_recipes.sdk.errors import BuildLockedError
+
         task = tasks[index]
+        stack = contextlib.ExitStack()
         try:
-            held.enter_context(
+            stack.enter_context(
                 exclusive(
-                    lock_path_for(outs[index], "build"),
-                    outs[index],
-                    wait_seconds=task.wait_seconds,
-                    on_wait=say if task.progress != "none" else None,
+                    lock_path_for(out, "build"),
+                    out,
+                    wait_seconds=wait,
+                    on_wait=(lambda text: print(text, file=sys.stderr, flush=True))
+                    if task.progress != "none" and last_try
+                    else None,
                 )
             )
-            recover_output(outs[index], task.wait_seconds)
+            recover_output(out, task.wait_seconds)
+        except BuildLockedError as exc:
+            stack.close()
+            if last_try:
+                self._fail(index, tasks, plans, failed, exc)
+            return False
         except WinmlError as exc:
-            plan = plans.pop(index)
-            failed[index] = TargetOutcome(
-                task.recipe,
-                plan.target.device,
-                plan.target.precision,
-                FAILED,
-                exit_code=exc.exit_code,
-                error=str(exc),
-                name=plan.recipe.name,
-            )
+            stack.close()
+            self._fail(index, tasks, plans, failed, exc)
+            return True
+        self.held[index] = stack
+        return True
+
+    @staticmethod
+    def _fail(index, tasks, plans, failed, exc: WinmlError) -> None:
+        plan = plans.pop(index)
+        task = tasks[index]
+        failed[index] = TargetOutcome(
+            task.recipe,
+            plan.target.device,
+            plan.target.precision,
+            FAILED,
+            exit_code=exc.exit_code,
+            error=str(exc),
+            name=plan.recipe.name,
+        )
+
+    def release(self, index: int) -> None:
+        stack = self.held.pop(index, None)
+        if stack is not None:
+            stack.close()
+
+    def close(self) -> None:
+        for index in list(self.held):
+            self.release(index)
 
 
-def _with_store(tasks: list[TargetTask]) -> tuple[list[TargetTask], Path | None]:
+def _with_store(tasks: list[TargetTask]) -> tuple[list[TargetTask], Any]:
     """Tasks hand models to each other through the step cache; without the cache
-    (--no-cache) a private store beside the outputs, removed after the run, serves."""
+    (--no-cache) a private store beside the outputs serves, held by a lock while the run
+    lasts and removed after it (a store whose lock is free was left by a killed run and
+    is swept)."""
     if not tasks or all(t.use_cache for t in tasks):
         return tasks, None
     import tempfile
 
+    from filelock import FileLock, Timeout
+
     root = Path(tasks[0].output_root)
     root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".store-*.lock"):
+        lock = FileLock(str(stale))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            continue  # another run's
+        shutil.rmtree(stale.with_suffix(""), ignore_errors=True)
+        lock.release()
+        stale.unlink(missing_ok=True)
     store = Path(tempfile.mkdtemp(prefix=".store-", dir=root))
-    return [t if t.use_cache else replace(t, cache_dir=str(store)) for t in tasks], store
+    lock = FileLock(str(store) + ".lock")
+    lock.acquire()
+
+    def remove() -> None:
+        shutil.rmtree(store, ignore_errors=True)
+        lock.release()
+        Path(lock.lock_file).unlink(missing_ok=True)
+
+    tasks = [t if t.use_cache else replace(t, cache_dir=str(store)) for t in tasks]
+    return tasks, remove

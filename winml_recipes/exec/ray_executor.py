@@ -81,13 +81,16 @@ class RayExecutor:
     def _run(self, ray, graph: TaskGraph) -> None:
         """Every ready task goes to Ray at once (Ray queues it until a node has the CPU and
         memory it asks for); results are handed to the graph as they arrive."""
-        capacity = ray.cluster_resources().get("memory", 0.0)
+        capacity = largest_node_memory(ray)
         remote = ray.remote(_on_ray)
         threads = local_threads()
         refs: dict = {}
         try:
             while True:
                 for node in graph.ready():
+                    if graph.stopped:  # a task before it failed, without keep-going
+                        graph.cancelled(node, STOPPED)
+                        continue
                     memory = int((node.memory_mb or 1024) * MB)
                     if capacity and memory > capacity:
                         graph.finish(node, _too_large(node.label, memory, capacity))
@@ -101,20 +104,30 @@ class RayExecutor:
                         name=node.label,
                     ).remote(fn, arg, threads)
                     refs[ref] = node
+                if graph.stopped:
+                    self._stop(ray, graph, refs)
+                    return
                 if not refs:
                     return
                 (ref,), _ = ray.wait(list(refs), num_returns=1)
-                node = refs.pop(ref)
-                graph.finish(node, self._result(ray, ref))
-                if graph.stopped and refs:
-                    for other in refs:
-                        ray.cancel(other)  # a queued task never starts; a running one stops
-                    for other in refs.values():
-                        graph.cancelled(other, STOPPED)
-                    refs = {}
+                graph.finish(refs.pop(ref), self._result(ray, ref))
         except KeyboardInterrupt:
             _cancel_all(ray, list(refs))
             raise
+
+    def _stop(self, ray, graph: TaskGraph, refs: dict) -> None:
+        """After a failure without keep-going: results already there count; the rest are
+        cancelled (a queued task never starts, a running one unwinds) and waited for, so
+        nothing still writes when the run ends."""
+        if not refs:
+            return
+        finished, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        for ref in finished:
+            graph.finish(refs.pop(ref), self._result(ray, ref))
+        _cancel_all(ray, list(refs))
+        for node in refs.values():
+            graph.cancelled(node, STOPPED)
+        refs.clear()
 
     @staticmethod
     def _result(ray, ref) -> TaskResult:
@@ -123,6 +136,13 @@ class RayExecutor:
         except ray.exceptions.RayError as exc:  # the worker died more often than retried
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             return worker_failed(f"{type(exc).__name__}: {first}")
+
+
+def largest_node_memory(ray) -> float:
+    """The most memory one live node offers Ray (bytes): a task asking for more would wait
+    forever."""
+    sizes = [n.get("Resources", {}).get("memory", 0.0) for n in ray.nodes() if n.get("Alive")]
+    return max(sizes, default=0.0) or ray.cluster_resources().get("memory", 0.0)
 
 
 def local_threads() -> int:
@@ -156,7 +176,7 @@ def _on_ray(fn, arg, threads: int) -> TaskResult:
 
 def _too_large(label: str, memory: int, capacity: float) -> TaskResult:
     error = MemoryBudgetError(
-        f"expects about {memory / MB / 1024:.1f} GB, more than the Ray cluster's "
+        f"expects about {memory / MB / 1024:.1f} GB, more than the largest Ray node's "
         f"{capacity / MB / 1024:.1f} GB of memory; add a larger node or lower the build's "
         "memory (smaller calibration, fewer samples)",
         where=label,

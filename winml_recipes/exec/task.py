@@ -47,10 +47,6 @@ class TargetTask:
     def target(self) -> str:
         return f"{self.device}/{self.precision}" if self.device else "default target"
 
-    @property
-    def label(self) -> str:
-        return f"{Path(self.recipe).stem} {self.target}"
-
 
 @dataclass
 class TargetOutcome:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from winml_recipes.exec.task import (
     _working_dir,
     key_metrics,
 )
-from winml_recipes.sdk.errors import InternalError, WinmlError
+from winml_recipes.sdk.errors import WinmlError
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,9 @@ class StepsTask:
     spec: TargetTask
     component: str
     steps: tuple[int, ...]
-    state: ChainState | None
-    upstream: dict[str, ChainState | None]
-    plan_key: str  # the driver's plan key of the last step (checked by the worker)
+    state: ChainState | None  # None: the component's source
+    upstream: dict[str, ChainState | None]  # None: that component's source (it has no steps)
+    fingerprint: str  # of the driver's plan (exec/keys.py; the worker's must match)
     label: str = ""  # the recipe and the targets it builds for (progress lines)
     raise_errors: bool = False
 
@@ -54,8 +54,9 @@ class AssembleTask:
     built from the steps' records."""
 
     spec: TargetTask
-    chains: dict[str, tuple[list[dict[str, Any]], ChainState | None]]
+    chains: dict[str, tuple[list[dict[str, Any]], ChainState | None]]  # None: no steps
     started_at: float  # when the target's first task started (the manifest's wall time)
+    fingerprint: str
     raise_errors: bool = False
 
 
@@ -74,12 +75,9 @@ class TaskResult:
     finished_at: float | None = None
     resources: dict[str, float] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 _PLANS: dict[str, Plan] = {}
-PLANS_KEPT = 32  # a long-lived worker (Ray) plans many recipes over its life
+PLANS_KEPT = 256  # a long-lived worker (Ray) plans many recipes over its life
 
 
 def plan_of(spec: TargetTask, *, fresh: bool = False) -> Plan:
@@ -108,6 +106,22 @@ def plan_of(spec: TargetTask, *, fresh: bool = False) -> Plan:
     return _PLANS[memo]
 
 
+def checked_plan(spec: TargetTask, fingerprint: str) -> Plan:
+    """The worker's plan of the target, which must be the driver's: planned again once if
+    not (a memo from an earlier run), then an error (the recipe changed meanwhile)."""
+    from winml_recipes.exec.keys import plan_fingerprint
+
+    plan = plan_of(spec)
+    if plan_fingerprint(plan) != fingerprint:
+        plan = plan_of(spec, fresh=True)
+        if plan_fingerprint(plan) != fingerprint:
+            raise WinmlError(
+                "the recipe, its catalog or a source changed while the matrix ran; run it again",
+                where=spec.recipe,
+            )
+    return plan
+
+
 def cache_of(spec: TargetTask):
     from winml_recipes.engine.cache import StepCache
 
@@ -120,26 +134,17 @@ def run_steps_task(task: StepsTask) -> TaskResult:
     from winml_recipes.engine.budget import resolve_budget
     from winml_recipes.engine.run import Reporter as Silent
     from winml_recipes.engine.run import begin_chain, run_steps, upstream_of
-    from winml_recipes.exec.keys import plan_keys
 
     started, started_at = time.perf_counter(), time.time()
     tracker = _StepTracker(Silent())
     cache = cache_of(task.spec)
     try:
         with _working_dir(task.spec.cwd):
-            plan = plan_of(task.spec)
-            if plan_keys(plan)[task.component][task.steps[-1]] != task.plan_key:
-                plan = plan_of(task.spec, fresh=True)
-                if plan_keys(plan)[task.component][task.steps[-1]] != task.plan_key:
-                    raise WinmlError(
-                        "the recipe, its catalog or a source changed while the matrix ran; "
-                        "run it again",
-                        where=task.spec.recipe,
-                    )
+            plan = checked_plan(task.spec, task.fingerprint)
             comps = {c.name: c for c in plan.components}
             comp = comps[task.component]
             built = {
-                name: upstream_of(comps[name], state) if state is not None else None
+                name: upstream_of(comps[name], state or begin_chain(comps[name]))
                 for name, state in task.upstream.items()
             }
             progress = _reporter(task.spec, task.label or plan.recipe.name)
@@ -176,21 +181,20 @@ def run_steps_task(task: StepsTask) -> TaskResult:
 
 def assemble(task: AssembleTask) -> TaskResult:
     """Write one target's output folder from its finished steps."""
-    from winml_recipes.engine.run import write_output
+    from winml_recipes.engine.run import begin_chain, write_output
 
     started, started_at = time.perf_counter(), time.time()
     spec = task.spec
     try:
         with _working_dir(spec.cwd):
-            plan = plan_of(spec)
+            plan = checked_plan(spec, task.fingerprint)
+            comps = {c.name: c for c in plan.components}
 
             def chains(_staging: Path) -> dict[str, tuple[list[dict[str, Any]], ChainState]]:
-                out = {}
-                for name, (records, state) in task.chains.items():
-                    if state is None:
-                        raise InternalError(f"{name}: no model after the last step")
-                    out[name] = (records, state)
-                return out
+                return {
+                    name: (records, state or begin_chain(comps[name]))
+                    for name, (records, state) in task.chains.items()
+                }
 
             result = write_output(
                 plan,
