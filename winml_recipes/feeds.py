@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from winml_recipes.datafiles import require_regular_file
 from winml_recipes.images import preprocess_image
 from winml_recipes.sdk.contract import IOContract, TensorSpec, resolve_shape
 from winml_recipes.sdk.errors import PassError, PlanError
@@ -59,20 +60,8 @@ def npz_files(pattern: str, base: Path) -> list[Path]:
     if not files:
         raise PlanError(f"calibration.npz: no file matches '{pattern}' (relative to {base})")
     for path in files:
-        _regular(path, "calibration.npz")
+        require_regular_file(path, "calibration.npz")
     return files
-
-
-def _regular(path: Path, what: str) -> None:
-    """Refuse pipes, devices and folders: reading a FIFO blocks forever."""
-    import stat
-
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as exc:
-        raise PlanError(f"{what}: cannot read {path}: {exc.strerror}") from None
-    if not stat.S_ISREG(mode):
-        raise PlanError(f"{what}: {path} is not a regular file")
 
 
 def npz_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -226,7 +215,7 @@ def image_files(folder: str, base: Path) -> list[Path]:
     if not files:
         raise PlanError(f"calibration.images: no image files in {path}")
     for file in files:
-        _regular(file, "calibration.images")
+        require_regular_file(file, "calibration.images")
     return files
 
 

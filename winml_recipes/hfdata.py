@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from winml_recipes.datafiles import regular_file_inside
 from winml_recipes.sdk.contract import IOContract, TensorSpec, resolve_shape
 from winml_recipes.sdk.errors import PlanError
 
@@ -76,7 +75,7 @@ def open_split(spec: str, base: Path, what: str = WHAT) -> SavedSplit:
         )
     metadata: list[Path] = []
     if (folder / "dataset_dict.json").is_file():
-        index = _inside(folder, "dataset_dict.json", what)
+        index = regular_file_inside(folder, "dataset_dict.json", what)
         listed = _json(index, what).get("splits")
         if not isinstance(listed, list):
             raise PlanError(f"{what}: {index} has no list of splits")
@@ -95,8 +94,8 @@ def open_split(spec: str, base: Path, what: str = WHAT) -> SavedSplit:
         folder = folder / split
     elif split is not None:
         raise PlanError(f"{what}: {folder} is a single split; remove ':{split}'")
-    info = _inside(folder, "dataset_info.json", what)
-    state = _inside(folder, "state.json", what)
+    info = regular_file_inside(folder, "dataset_info.json", what)
+    state = regular_file_inside(folder, "state.json", what)
     names = [str(f.get("filename", "")) for f in _json(state, what).get("_data_files", [])]
     if not names:
         raise PlanError(f"{what}: {state} lists no data files")
@@ -104,24 +103,9 @@ def open_split(spec: str, base: Path, what: str = WHAT) -> SavedSplit:
     for name in names:
         if not _DATA_FILE.match(name):
             raise PlanError(f"{what}: {state} lists '{name}', not a plain .arrow file name")
-        arrows.append(_inside(folder, name, what))
+        arrows.append(regular_file_inside(folder, name, what))
     features = _json(info, what).get("features") or {}
     return SavedSplit(spec, folder, (*metadata, info, state), tuple(arrows), features)
-
-
-def _inside(folder: Path, name: str, what: str) -> Path:
-    """`folder/name` if it is a regular file that resolves inside `folder` (a symlink to a
-    file elsewhere is refused: the data must be what was given)."""
-    path = folder / name
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as exc:
-        raise PlanError(f"{what}: cannot read {path}: {exc.strerror}") from None
-    if not stat.S_ISREG(mode):
-        raise PlanError(f"{what}: {path} is not a regular file")
-    if not path.resolve().is_relative_to(folder.resolve()):
-        raise PlanError(f"{what}: {path} points outside {folder}; copy the file there instead")
-    return path
 
 
 def _json(path: Path, what: str) -> dict[str, Any]:
