@@ -297,7 +297,7 @@ class UpstreamFeeds:
         self.reused = 0
 
     def __call__(self) -> Iterator[Feed]:
-        session = None
+        outputs = ModelOutputs(self.model, self.digest, self.store)  # a session per pass
         upstream = self.up_feeds()
         outs: dict[str, np.ndarray] = {}
         for i, extra in enumerate(self.rest()):
@@ -305,26 +305,40 @@ class UpstreamFeeds:
                 upstream_feed = next(upstream, None)
                 if upstream_feed is None:
                     return
-                outs, session = self._outputs(upstream_feed, session)
+                outs, computed = outputs(upstream_feed, self.fed)
+                self.computed += computed
+                self.reused += not computed
             yield {**extra, **outs}
 
-    def _outputs(self, feed: Feed, session):
-        """The upstream model's outputs for `feed`: from the store, or computed (once)."""
-        if self.store is not None:
-            kept = stored_outputs(self.store, self.digest, feed, self.fed)
+
+class ModelOutputs:
+    """A float model's outputs per feed: read from the store when kept there, else
+    computed (the session is made once, on first need) and kept (`keep`)."""
+
+    def __init__(
+        self, model: Path, digest: str | None, store: Path | None, keep: bool = True
+    ) -> None:
+        self.model, self.digest, self.store, self.keep = model, digest, store, keep
+        self.session = None
+
+    def __call__(
+        self, feed: Feed, names: list[str] | None = None
+    ) -> tuple[dict[str, np.ndarray], bool]:
+        """Outputs `names` (None: all) for `feed`, and whether they were computed now."""
+        stored = self.store is not None and bool(self.digest)
+        if stored:
+            kept = stored_outputs(self.store, self.digest, feed, names)
             if kept is not None:
-                self.reused += 1
-                return kept, session
-        if session is None:
+                return kept, False
+        if self.session is None:
             from winml_recipes.runtime.sessions import load_session
 
-            session = load_session(self.model)
-        names = [o.name for o in session.get_outputs()]
-        values = dict(zip(names, session.run(None, feed), strict=True))
-        self.computed += 1
-        if self.store is not None:
+            self.session = load_session(self.model)
+        out_names = [o.name for o in self.session.get_outputs()]
+        values = dict(zip(out_names, self.session.run(None, feed), strict=True))
+        if stored and self.keep:
             store_outputs(self.store, self.digest, feed, values)
-        return {n: values[n] for n in self.fed}, session
+        return (values if names is None else {n: values[n] for n in names}), True
 
 
 def _output_key(digest: str, feed: Feed) -> str:
@@ -376,22 +390,12 @@ def outputs_for(
     on_sample: Callable[[int], None] | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """A float model's outputs for each feed, read from the store (and written, if `keep`)."""
-    from winml_recipes.runtime.sessions import load_session
-
-    session = None
+    outputs = ModelOutputs(model, digest, store, keep)
     out = []
     for i, feed in enumerate(feeds):
         if on_sample is not None:
             on_sample(i)
-        kept = stored_outputs(store, digest, feed) if store is not None and digest else None
-        if kept is None:
-            if session is None:
-                session = load_session(model)
-            names = [o.name for o in session.get_outputs()]
-            kept = dict(zip(names, session.run(None, feed), strict=True))
-            if store is not None and digest and keep:
-                store_outputs(store, digest, feed, kept)
-        out.append(kept)
+        out.append(outputs(feed)[0])
     if on_sample is not None:
         on_sample(len(feeds))
     return out

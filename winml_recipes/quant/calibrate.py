@@ -82,9 +82,11 @@ class CalibrationSettings:
 
 def _value_infos(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     """Typed value infos after shape inference (as ORT's calibrators see them)."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # > 2 GiB proto, unknown domains...: use what the model declares
+    from winml_recipes.onnx.lightview import light_view
+
+    try:  # on a view without the weights' bytes (a copy of them would cost gigabytes)
+        inferred = onnx.shape_inference.infer_shapes(light_view(model))
+    except Exception:  # unknown domains...: use what the model declares
         inferred = model
     infos = {vi.name: vi for vi in inferred.graph.value_info}
     infos.update({vi.name: vi for vi in inferred.graph.output})

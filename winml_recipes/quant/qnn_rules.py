@@ -147,7 +147,9 @@ def drop_zero_constant_adds(model: onnx.ModelProto) -> list[str]:
 
 def _shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
     """Inferred shapes of the graph's values (None for a dim that is not static)."""
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    from winml_recipes.onnx.lightview import light_view
+
+    inferred = onnx.shape_inference.infer_shapes(light_view(model), strict_mode=False)
     return {
         vi.name: [d.dim_value if d.HasField("dim_value") else None for d in dims]
         for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
