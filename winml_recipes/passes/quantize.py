@@ -318,9 +318,13 @@ class _Counted:
                 self.on_sample(seen)
 
 
-# onnxruntime's quantize_static holds the model, a shape-inferred copy and the quantized
-# initializers at once: 14.2 GB peak for the full-size SAM 3 encoder's 1.8 GB of weights.
-INSERTION_WEIGHT_FACTOR = 7.0
+# The phases around calibration that hold weights, measured on the full-size SAM 3 vision
+# encoder (1.8 GB of weights, opset 20): onnxruntime's quantize_static alone peaks at
+# 2.5 GB (8- and 16-bit alike, in a fresh process) while this pass still holds the float
+# model (+1.9 GB); saving the model converted to opset 21 (16-bit) peaks at 7.0 GB. Before
+# shape inference and the opset converter ran on light views (onnx/lightview.py), the
+# step peaked at 16.2 GB, inside onnxruntime's own conversion to opset 21.
+INSERTION_WEIGHT_FACTOR = 4.0
 
 
 def _touching(model, tensors: list[str]) -> list[str]:
