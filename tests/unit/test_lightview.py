@@ -55,3 +55,18 @@ def test_a_converted_view_with_the_weights_is_the_converted_model() -> None:
     assert converted.SerializeToString() == whole.SerializeToString()
     assert source.graph.initializer[0].raw_data == b""  # moved, not copied
     onnx.checker.check_model(converted, full_check=True)
+
+
+def test_a_model_saved_with_external_data_keeps_its_weights(tmp_path, monkeypatch) -> None:
+    """onnx.save_model moves the bytes it writes out of the proto; our save brings them
+    back, so a pass can go on with the model it saved (the full-size opset upgrade did)."""
+    from winml_recipes.onnx import io
+
+    monkeypatch.setattr(io, "EXTERNAL_DATA_THRESHOLD_BYTES", 1)  # every model goes external
+    model = _model()
+    before = model.SerializeToString()
+    io.save_model(model, tmp_path / "model.onnx")
+    assert (tmp_path / "model.onnx_data").stat().st_size == 64 * 64 * 4
+    assert model.SerializeToString() == before
+    again = io.load_model(tmp_path / "model.onnx")
+    assert again.graph.initializer[0].raw_data == model.graph.initializer[0].raw_data

@@ -12,6 +12,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
 import onnx
 
@@ -250,14 +251,18 @@ def save_model(model: onnx.ModelProto, path: Path | str) -> Path:
     try:
         tmp_model = tmp_dir / path.name
         if external:
-            onnx.save_model(
-                model,
-                str(tmp_model),
-                save_as_external_data=True,
-                all_tensors_to_one_file=True,
-                location=data_name,
-                size_threshold=EXTERNAL_TENSOR_MIN_BYTES,
-            )
+            moved = [t for t in _initializers(model) if t.HasField("raw_data")]
+            try:
+                onnx.save_model(
+                    model,
+                    str(tmp_model),
+                    save_as_external_data=True,
+                    all_tensors_to_one_file=True,
+                    location=data_name,
+                    size_threshold=EXTERNAL_TENSOR_MIN_BYTES,
+                )
+            finally:
+                _bring_back(moved, tmp_dir)
             os.chmod(tmp_dir / data_name, 0o644)
             os.replace(tmp_dir / data_name, path.parent / data_name)
         else:
@@ -290,6 +295,45 @@ def adopt_sidecars(path: Path) -> Path:
         if old.name not in keep and old.exists():
             old.unlink()
     return path
+
+
+def _initializers(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    """The initializers of the graph and of its subgraphs (If/Loop bodies)."""
+    out: list[onnx.TensorProto] = []
+    pending = [model.graph]
+    while pending:
+        graph = pending.pop()
+        out.extend(graph.initializer)
+        for node in graph.node:
+            for attr in node.attribute:
+                pending.extend([attr.g] if attr.HasField("g") else [])
+                pending.extend(attr.graphs)
+    return out
+
+
+def _bring_back(tensors: list[onnx.TensorProto], folder: Path) -> None:
+    """onnx.save_model moves the bytes of the tensors it writes to external data out of the
+    caller's model (it marks them external and clears them): read them back, so a model
+    stays usable after it is saved (a pass that saves, then goes on rewriting, would
+    otherwise find its weights gone)."""
+    from onnx.external_data_helper import ExternalDataInfo
+
+    handles: dict[str, BinaryIO] = {}
+    try:
+        for tensor in tensors:
+            if tensor.HasField("raw_data") or tensor.data_location != onnx.TensorProto.EXTERNAL:
+                continue
+            info = ExternalDataInfo(tensor)
+            fh = handles.get(info.location)
+            if fh is None:
+                fh = handles[info.location] = open(folder / info.location, "rb")  # noqa: SIM115
+            fh.seek(info.offset or 0)
+            tensor.raw_data = fh.read(info.length) if info.length else fh.read()
+            del tensor.external_data[:]
+            tensor.ClearField("data_location")
+    finally:
+        for fh in handles.values():
+            fh.close()
 
 
 def _fits(model: onnx.ModelProto) -> bool:
