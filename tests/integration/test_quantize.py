@@ -1320,3 +1320,25 @@ def test_auto_mixed_precision_with_an_infinite_attention_mask(tmp_path: Path) ->
     assert auto["output_sqnr_db_weights_only"] > 0  # not NaN -> -200
     ranked = [p["output_sqnr_db_if_only_this_is_quantized"] for p in auto["promoted"]]
     assert all(r > -100 for r in ranked), ranked
+
+
+def test_a_16bit_build_of_a_model_saved_with_external_data(tmp_path, monkeypatch) -> None:
+    """npu/w8a16 of an opset-17 MLP whose every save goes to external data (as a full-size
+    model's does): the pass converts it to opset 21 on a light view, saves it, and goes on
+    reading the constants of the model it saved (the HTP rewrites read the biases) and
+    calibrating; the output uses ai.onnx Q/DQ."""
+    from tests.conftest import make_mlp_project
+    from winml_recipes.onnx import io
+
+    monkeypatch.setattr(io, "EXTERNAL_DATA_THRESHOLD_BYTES", 1)
+    monkeypatch.setenv("WINML_RECIPES_CACHE", str(tmp_path / "cache"))
+    recipe = make_mlp_project(tmp_path, steps="[fix_shapes, quantize, verify]")
+    make_mlp_onnx(tmp_path / "catalog" / "mlp.onnx", hidden=256)  # weights over 1 KB
+    recipe.write_text(recipe.read_text().replace("npu, precision: fp32", "npu, precision: w8a16"))
+    result = api.build(recipe, device="npu", precision="w8a16", output_root=tmp_path / "b")
+    model = io.load_model(result.models["model"])
+    assert {(o.domain, o.version) for o in model.opset_import} >= {("", 21)}
+    ops = Counter((n.domain, n.op_type) for n in model.graph.node)
+    assert ops[("", "QuantizeLinear")] and not ops[("com.microsoft", "QuantizeLinear")]
+    (step,) = [s for s in result.manifest["components"]["model"]["steps"] if s["pass"] == "verify"]
+    assert step["status"] == "ran"

@@ -263,8 +263,11 @@ def save_model(model: onnx.ModelProto, path: Path | str) -> Path:
                 )
             finally:
                 _bring_back(moved, tmp_dir)
-            os.chmod(tmp_dir / data_name, 0o644)
-            os.replace(tmp_dir / data_name, path.parent / data_name)
+            if (tmp_dir / data_name).exists():
+                os.chmod(tmp_dir / data_name, 0o644)
+                os.replace(tmp_dir / data_name, path.parent / data_name)
+            else:  # no tensor was large enough to go out
+                (path.parent / data_name).unlink(missing_ok=True)
         else:
             onnx.save_model(model, str(tmp_model))
             stale = path.parent / data_name
