@@ -161,7 +161,7 @@ def plan_targets(
     on its own."""
     from winml_recipes.engine.budget import resolve_budget
     from winml_recipes.engine.run import check_sources_fit
-    from winml_recipes.exec.task import _as_winml_error
+    from winml_recipes.exec.task import as_winml_error
     from winml_recipes.exec.work import plan_of
 
     plans, failed = {}, {}
@@ -171,7 +171,7 @@ def plan_targets(
             check_sources_fit(plan, resolve_budget(task.memory_budget))
             plans[index] = plan
         except Exception as exc:
-            error = exc if isinstance(exc, WinmlError) else _as_winml_error(exc)
+            error = exc if isinstance(exc, WinmlError) else as_winml_error(exc)
             failed[index] = TargetOutcome(
                 task.recipe,
                 task.device,

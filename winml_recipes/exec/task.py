@@ -9,15 +9,9 @@ well: status, the failing step, the one-line error, and where the manifest is.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from winml_recipes.engine.plan import PlannedStep
-from winml_recipes.engine.run import Reporter
 from winml_recipes.sdk.errors import InternalError, WinmlError
 
 OK, FAILED, NOT_RUN = "ok", "failed", "not run"
@@ -82,56 +76,7 @@ def not_run(task: TargetTask, why: str) -> TargetOutcome:
     return TargetOutcome(task.recipe, task.device, task.precision, NOT_RUN, error=why)
 
 
-class _StepTracker(Reporter):
-    """Forwards to the progress reporter and remembers the step that has not finished."""
-
-    def __init__(self, inner: Reporter) -> None:
-        self.inner = inner
-        self.current: str | None = None
-
-    def step_started(self, component: str, step: PlannedStep) -> None:
-        self.current = f"{component}/{step.name}"
-        self.inner.step_started(component, step)
-
-    def step_progress(
-        self, component: str, step: PlannedStep, what: str, done: int, total: int | None
-    ) -> None:
-        self.inner.step_progress(component, step, what, done, total)
-
-    def step_finished(self, component: str, step: PlannedStep, record: dict[str, Any]) -> None:
-        self.current = None
-        self.inner.step_finished(component, step, record)
-
-    def message(self, text: str) -> None:
-        self.inner.message(text)
-
-
-def _reporter(task: TargetTask, label: str) -> Reporter | None:
-    from winml_recipes.progress import make_reporter, step_lines
-
-    if task.progress == "rich":
-        return make_reporter(enabled=True)
-    if task.progress in ("stdout", "stderr"):
-        return step_lines(getattr(sys, task.progress), prefix=label)
-    return None
-
-
-@contextlib.contextmanager
-def _working_dir(path: str | None):
-    """Run in the driver's working directory when this machine has it (a pool process or a
-    worker on the same host or a shared mount), so relative paths mean the same thing."""
-    if path is None or not Path(path).is_dir() or Path.cwd() == Path(path):
-        yield
-        return
-    before = Path.cwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(before)
-
-
-def _as_winml_error(exc: Exception) -> WinmlError:
+def as_winml_error(exc: Exception) -> WinmlError:
     """OSError (a path not writable, ...) is the user's to fix (exit 2); anything else is a
     bug (exit 1). Both as one line."""
     if isinstance(exc, OSError):

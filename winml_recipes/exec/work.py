@@ -12,22 +12,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from winml_recipes.engine.plan import Plan
+from winml_recipes.engine.plan import Plan, PlannedStep
 from winml_recipes.engine.run import ChainState, Reporter
 from winml_recipes.exec.task import (
     FAILED,
     OK,
     TargetOutcome,
     TargetTask,
-    _as_winml_error,
-    _reporter,
-    _StepTracker,
-    _working_dir,
+    as_winml_error,
     key_metrics,
 )
 from winml_recipes.sdk.errors import WinmlError
@@ -74,6 +72,55 @@ class TaskResult:
     started_at: float | None = None
     finished_at: float | None = None
     resources: dict[str, float] = field(default_factory=dict)
+
+
+class StepTracker(Reporter):
+    """Forwards to the progress reporter and remembers the step that has not finished."""
+
+    def __init__(self, inner: Reporter) -> None:
+        self.inner = inner
+        self.current: str | None = None
+
+    def step_started(self, component: str, step: PlannedStep) -> None:
+        self.current = f"{component}/{step.name}"
+        self.inner.step_started(component, step)
+
+    def step_progress(
+        self, component: str, step: PlannedStep, what: str, done: int, total: int | None
+    ) -> None:
+        self.inner.step_progress(component, step, what, done, total)
+
+    def step_finished(self, component: str, step: PlannedStep, record: dict[str, Any]) -> None:
+        self.current = None
+        self.inner.step_finished(component, step, record)
+
+    def message(self, text: str) -> None:
+        self.inner.message(text)
+
+
+def reporter_for(task: TargetTask, label: str) -> Reporter | None:
+    from winml_recipes.progress import make_reporter, step_lines
+
+    if task.progress == "rich":
+        return make_reporter(enabled=True)
+    if task.progress in ("stdout", "stderr"):
+        return step_lines(getattr(sys, task.progress), prefix=label)
+    return None
+
+
+@contextlib.contextmanager
+def working_dir(path: str | None):
+    """Run in the driver's working directory when this machine has it (a pool process or a
+    worker on the same host or a shared mount), so relative paths mean the same thing."""
+    if path is None or not Path(path).is_dir() or Path.cwd() == Path(path):
+        yield
+        return
+    before = Path.cwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
 
 
 _PLANS: dict[str, Plan] = {}
@@ -136,10 +183,10 @@ def run_steps_task(task: StepsTask) -> TaskResult:
     from winml_recipes.engine.run import begin_chain, run_steps, upstream_of
 
     started, started_at = time.perf_counter(), time.time()
-    tracker = _StepTracker(Silent())
+    tracker = StepTracker(Silent())
     cache = cache_of(task.spec)
     try:
-        with _working_dir(task.spec.cwd):
+        with working_dir(task.spec.cwd):
             plan = checked_plan(task.spec, task.fingerprint)
             comps = {c.name: c for c in plan.components}
             comp = comps[task.component]
@@ -147,7 +194,7 @@ def run_steps_task(task: StepsTask) -> TaskResult:
                 name: upstream_of(comps[name], state or begin_chain(comps[name]))
                 for name, state in task.upstream.items()
             }
-            progress = _reporter(task.spec, task.label or plan.recipe.name)
+            progress = reporter_for(task.spec, task.label or plan.recipe.name)
             tracker.inner = progress or Silent()
             with progress or contextlib.nullcontext(), cache.scratch() as work_root:
                 try:
@@ -186,7 +233,7 @@ def assemble(task: AssembleTask) -> TaskResult:
     started, started_at = time.perf_counter(), time.time()
     spec = task.spec
     try:
-        with _working_dir(spec.cwd):
+        with working_dir(spec.cwd):
             plan = checked_plan(spec, task.fingerprint)
             comps = {c.name: c for c in plan.components}
 
@@ -238,12 +285,12 @@ def _lines(spec: TargetTask, label: str) -> Reporter:
     steps to show in a live view."""
     from dataclasses import replace
 
-    return _reporter(replace(spec, progress="stderr") if spec.progress == "rich" else spec,
+    return reporter_for(replace(spec, progress="stderr") if spec.progress == "rich" else spec,
                      label) or Reporter()  # fmt: skip
 
 
 def _failed(exc: Exception, step: str | None, started: float, started_at: float) -> TaskResult:
-    error = exc if isinstance(exc, WinmlError) else _as_winml_error(exc)
+    error = exc if isinstance(exc, WinmlError) else as_winml_error(exc)
     return TaskResult(
         FAILED,
         error=str(error),
