@@ -272,7 +272,9 @@ def test_ctrl_c_cancels_the_ray_tasks_and_leaves_output_and_cache_whole(cluster,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 300
-        while not list(store.glob("work/*/*/??-quantize")):
+        # the decoder's quantize (64 samples, seconds long): a cancel that crosses the end
+        # of a task that is just finishing is a race inside Ray, not what is tested here
+        while not list(store.glob("work/*/prompt_encoder_mask_decoder/??-quantize")):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "never saw the quantize step start"
             time.sleep(0.05)

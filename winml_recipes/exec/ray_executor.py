@@ -185,10 +185,17 @@ def _too_large(label: str, memory: int, capacity: float) -> TaskResult:
 
 
 def _cancel_all(ray, pending: list) -> None:
+    """Cancel what has not finished (a KeyboardInterrupt inside each), then force what is
+    still running after a grace period. A task that already finished is left alone: Ray
+    2.60's driver can abort ("Tried to complete task that was not pending") when a cancel
+    crosses the reply of a task that just ended."""
     if not pending:
         return
-    for ref in pending:
+    _, running = ray.wait(pending, num_returns=len(pending), timeout=0)
+    if not running:
+        return
+    for ref in running:
         ray.cancel(ref, force=False)
-    _, still = ray.wait(pending, num_returns=len(pending), timeout=CANCEL_GRACE_SECONDS)
+    _, still = ray.wait(running, num_returns=len(running), timeout=CANCEL_GRACE_SECONDS)
     for ref in still:
         ray.cancel(ref, force=True)
