@@ -145,42 +145,14 @@ class StepCache:
         self._claims[key] = lock
         return None
 
-    @contextlib.contextmanager
     def scratch(self):
         """A scratch folder inside the store for steps run as separate tasks (a pool
         process, a Ray worker): their outputs then move into an entry by a rename, never a
         copy. The folder is held by a lock while in use; folders whose lock is free (their
         process died) are swept first. Removed on exit."""
-        import uuid
+        from winml_recipes.engine.lock import held_folder
 
-        from filelock import FileLock, Timeout
-
-        base = self.root / WORK
-        base.mkdir(parents=True, exist_ok=True)
-        for stale in base.glob("*.lock"):
-            lock = FileLock(str(stale))
-            try:
-                lock.acquire(timeout=0)
-            except Timeout:
-                continue  # in use
-            try:
-                shutil.rmtree(stale.with_suffix(""), ignore_errors=True)
-            finally:
-                lock.release()
-            with contextlib.suppress(OSError):
-                stale.unlink()
-        name = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        lock = FileLock(str(base / f"{name}.lock"))
-        lock.acquire()
-        folder = base / name
-        folder.mkdir()
-        try:
-            yield folder
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-            lock.release()
-            with contextlib.suppress(OSError):
-                (base / f"{name}.lock").unlink()
+        return held_folder(self.root / WORK, f"{os.getpid()}-", "*")
 
     def release_claims(self) -> None:
         """Release every key this process claimed and did not store (a failed step)."""

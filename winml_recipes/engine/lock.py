@@ -62,3 +62,37 @@ def _read(path: Path) -> str:
         return path.read_text().strip() or "?"
     except OSError:
         return "?"
+
+
+@contextmanager
+def held_folder(parent: Path, prefix: str, sweep: str) -> Iterator[Path]:
+    """A new folder `parent/<prefix><random>`, held by a lock file beside it while in use
+    and removed on exit. Folders matching `sweep` whose lock is free (their process died
+    without removing them) are removed first; one in use is never touched."""
+    import shutil
+    import uuid
+
+    parent.mkdir(parents=True, exist_ok=True)
+    for stale in parent.glob(f"{sweep}.lock"):
+        abandoned = FileLock(str(stale))
+        try:
+            abandoned.acquire(timeout=0)
+        except Timeout:
+            continue  # in use
+        try:
+            shutil.rmtree(stale.with_suffix(""), ignore_errors=True)
+        finally:
+            abandoned.release()
+        with suppress(OSError):
+            stale.unlink()
+    folder = parent / f"{prefix}{uuid.uuid4().hex[:8]}"
+    lock = FileLock(str(folder) + ".lock")
+    lock.acquire()
+    folder.mkdir()
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        lock.release()
+        with suppress(OSError):
+            Path(str(folder) + ".lock").unlink()

@@ -305,19 +305,19 @@ class TaskGraph:
         for node in self.nodes.values():
             if node.status == WAITING:
                 node.status = NOT_RUN
-        for index in self.plans:
-            if index not in self.outcomes and not self._still_running(index):
-                self._target_done(index, not_run(self.tasks[index], why))
+        self._not_run(self.plans, why)
 
-    def _still_running(self, index: int) -> bool:
-        return any(n.status == RUNNING and index in n.targets for n in self.nodes.values())
+    def _not_run(self, indices, why: str) -> None:
+        """Targets without an outcome and no task still running: not run (`why`)."""
+        for index in indices:
+            running = any(n.status == RUNNING and index in n.targets for n in self.nodes.values())
+            if index not in self.outcomes and not running:
+                self._target_done(index, not_run(self.tasks[index], why))
 
     def cancelled(self, node: Node, why: str) -> None:
         """A running task that was stopped (not failed): its targets are not run."""
         node.status = NOT_RUN
-        for index in node.targets:
-            if index not in self.outcomes and not self._still_running(index):
-                self._target_done(index, not_run(self.tasks[index], why))
+        self._not_run(node.targets, why)
 
     def _target_done(self, index: int, outcome: TargetOutcome) -> None:
         self.outcomes[index] = outcome

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -357,32 +356,12 @@ def _with_store(tasks: list[TargetTask]) -> tuple[list[TargetTask], Any]:
     """Tasks hand models to each other through the step cache; without the cache
     (--no-cache) a private store beside the outputs serves, held by a lock while the run
     lasts and removed after it (a store whose lock is free was left by a killed run and
-    is swept)."""
+    is swept). Returns the tasks and what removes the store (None: no store)."""
     if not tasks or all(t.use_cache for t in tasks):
         return tasks, None
-    import tempfile
+    from winml_recipes.engine.lock import held_folder
 
-    from filelock import FileLock, Timeout
-
-    root = Path(tasks[0].output_root)
-    root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(".store-*.lock"):
-        lock = FileLock(str(stale))
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            continue  # another run's
-        shutil.rmtree(stale.with_suffix(""), ignore_errors=True)
-        lock.release()
-        stale.unlink(missing_ok=True)
-    store = Path(tempfile.mkdtemp(prefix=".store-", dir=root))
-    lock = FileLock(str(store) + ".lock")
-    lock.acquire()
-
-    def remove() -> None:
-        shutil.rmtree(store, ignore_errors=True)
-        lock.release()
-        Path(lock.lock_file).unlink(missing_ok=True)
-
+    held = contextlib.ExitStack()
+    store = held.enter_context(held_folder(Path(tasks[0].output_root), ".store-", ".store-*"))
     tasks = [t if t.use_cache else replace(t, cache_dir=str(store)) for t in tasks]
-    return tasks, remove
+    return tasks, held.close

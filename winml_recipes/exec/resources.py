@@ -75,22 +75,10 @@ class TaskMemory:
 def expected_memory_mb(task: TargetTask) -> float:
     """The most any task of this target expects, in MB (a planning error leaves the
     default: the build itself then reports the error)."""
-    from winml_recipes.engine.plan import make_plan
-    from winml_recipes.recipe import load_recipe
     from winml_recipes.sdk.errors import WinmlError
 
     try:
-        plan = make_plan(
-            load_recipe(
-                task.recipe,
-                device=task.device,
-                precision=task.precision,
-                defines=task.defines,
-                catalog_dir=Path(task.catalog_dir) if task.catalog_dir else None,
-                source=task.source,
-            ),
-            fetch=False,
-        )
+        plan = task.plan(fetch=False)
     except (WinmlError, OSError):
         return DEFAULT_TASK_MB
     memory = TaskMemory(task, plan)

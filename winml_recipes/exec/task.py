@@ -41,6 +41,23 @@ class TargetTask:
     def target(self) -> str:
         return f"{self.device}/{self.precision}" if self.device else "default target"
 
+    def plan(self, *, fetch: bool = True):
+        """Load the recipe for this target and plan it (fetch=False: no downloads)."""
+        from pathlib import Path
+
+        from winml_recipes.engine.plan import make_plan
+        from winml_recipes.recipe import load_recipe
+
+        recipe = load_recipe(
+            self.recipe,
+            device=self.device,
+            precision=self.precision,
+            defines=self.defines,
+            catalog_dir=Path(self.catalog_dir) if self.catalog_dir else None,
+            source=self.source,
+        )
+        return make_plan(recipe, fetch=fetch)
+
 
 @dataclass
 class TargetOutcome:

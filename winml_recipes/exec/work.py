@@ -131,25 +131,13 @@ def plan_of(spec: TargetTask, *, fresh: bool = False) -> Plan:
     """The target's plan, made once per process (`fresh`: made again)."""
     import json
 
-    from winml_recipes.engine.plan import make_plan
-    from winml_recipes.recipe import load_recipe
-
     memo = json.dumps([spec.recipe, spec.device, spec.precision, spec.defines, spec.catalog_dir,
                        spec.source, spec.cwd], sort_keys=True, default=str)  # fmt: skip
     if fresh or memo not in _PLANS:
         while len(_PLANS) >= PLANS_KEPT:
             _PLANS.pop(next(iter(_PLANS)))
         _PLANS.pop(memo, None)
-        _PLANS[memo] = make_plan(
-            load_recipe(
-                spec.recipe,
-                device=spec.device,
-                precision=spec.precision,
-                defines=spec.defines,
-                catalog_dir=Path(spec.catalog_dir) if spec.catalog_dir else None,
-                source=spec.source,
-            )
-        )
+        _PLANS[memo] = spec.plan()
     return _PLANS[memo]
 
 
