@@ -6,7 +6,7 @@ import copy
 import difflib
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -617,6 +617,33 @@ def _choose_target(
     )
 
 
+_DATA_KEYS = ("npz", "images", "dataset")
+
+
+def _auto_scores_on_held_out(steps: tuple[Step, ...]) -> tuple[Step, ...]:
+    """Automatic mixed precision without data of its own scores on the verify step's
+    held-out data when it has some (never on the calibration samples)."""
+    held_out = next(
+        (
+            {k: v for k, v in s.options.items() if k in (*_DATA_KEYS, "skip")}
+            for s in steps
+            if s.name == "verify" and any(s.options.get(k) for k in _DATA_KEYS)
+        ),
+        None,
+    )
+    if held_out is None:
+        return steps
+    out = []
+    for step in steps:
+        mixed = step.options.get("mixed_precision") if step.name == "quantize" else None
+        auto = mixed.get("auto") if isinstance(mixed, dict) else None
+        if isinstance(auto, dict) and not any(auto.get(k) for k in _DATA_KEYS):
+            options = {**step.options, "mixed_precision": {**mixed, "auto": {**auto, **held_out}}}
+            step = replace(step, options=options)
+        out.append(step)
+    return tuple(out)
+
+
 def _components(
     loaded: LoadedYaml, catalog: CatalogEntry, target: Target, filename: str
 ) -> tuple[dict[str, tuple[Step, ...]], dict[str, dict[str, int]]]:
@@ -651,6 +678,6 @@ def _components(
             name, options = (item, {}) if isinstance(item, str) else next(iter(item.items()))
             line = loaded.lines.get((*base, i), 1) if base else 0
             steps.append(Step(name, dict(options or {}), line, from_presets=base is None))
-        components[cname] = tuple(steps)
+        components[cname] = _auto_scores_on_held_out(tuple(steps))
         dims[cname] = {**data.get("dims", {}), **own.get("dims", {})}
     return components, dims

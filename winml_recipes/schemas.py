@@ -542,6 +542,10 @@ MIXED_PRECISION_AUTO: dict[str, Any] = {
         "max_promoted": {"type": "integer"},
         "type": {"type": "string", "description": "The 16-bit type activations go to."},
         "scored_on": {"type": "string", "description": "EP the rounds were scored on."},
+        "held_out_data": {
+            "type": "string",
+            "description": "The data the rounds were scored on (never calibration samples).",
+        },
         "ranked_on": {"type": "string", "description": "EP the damage ranking ran on."},
         "candidate_kinds": {
             "type": "array",

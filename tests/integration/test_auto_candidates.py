@@ -142,3 +142,54 @@ def test_ranking_stacks_samples_only_where_it_matches_separate_runs(tmp_path: Pa
             a, b = stacked({gate: opened}), separate({gate: opened})
             assert abs(a - b) < 0.01, (gate, a, b)
         assert abs(stacked({}) - separate({})) < 0.01
+
+
+def _nameless_opset12_model() -> onnx.ModelProto:
+    """A text recognizer's tail as an opset-12 converter writes it: no node has a name."""
+    rng = np.random.default_rng(5)
+    w = numpy_helper.from_array(rng.standard_normal((24, 10)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Relu", ["x"], ["r"]),
+            helper.make_node("Flatten", ["r"], ["f"], axis=1),
+            helper.make_node("MatMul", ["f", "w"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", F, [1, 2, 3, 4])],
+        [helper.make_tensor_value_info("y", F, [1, 10])],
+        [w],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)], ir_version=7)
+
+
+def test_auto_on_nameless_nodes_scores_on_the_verify_data(tmp_path: Path) -> None:
+    """Two of the issue's crashes: automatic mixed precision on an opset-12 graph with
+    nameless nodes ("Node of type Flatten ... does not have a name!"), and a calibration
+    file with no samples beyond the calibration ones although the verify step has held-out
+    data ("8 samples, all used for calibration"). Nodes get names when normalize reads the
+    model; the rounds are scored on the verify step's npz."""
+    path = tmp_path / "m.onnx"
+    onnx.save(_nameless_opset12_model(), str(path))
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "calib.npz", x=rng.standard_normal((8, 1, 2, 3, 4)).astype(np.float32))
+    np.savez(tmp_path / "held.npz", x=rng.standard_normal((6, 1, 2, 3, 4)).astype(np.float32))
+    (tmp_path / "p").mkdir()
+    done = cli("init", str(path), "--name", "m", "--catalog", tmp_path / "p" / "catalog",
+               "--recipes", tmp_path / "p" / "recipes")  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    recipe = tmp_path / "p" / "recipes" / "m.yaml"
+    recipe.write_text(
+        "schema_version: 1\nname: m\nmodel: m\ntargets: [{device: cpu, precision: uint8}]\n"
+        "steps:\n  - normalize\n"
+        f"  - quantize: {{calibration: {{npz: {tmp_path / 'calib.npz'}, samples: 8}},\n"
+        "      mixed_precision: {auto: {target_sqnr_db: 60, max_promoted: 1}}}\n"
+        f"  - verify: {{npz: {tmp_path / 'held.npz'}, min_sqnr_db: 0, min_cosine: 0}}\n"
+    )
+    result = api.build(recipe, output_root=tmp_path / "o")
+    steps = {s["pass"]: s for s in result.manifest["components"]["model"]["steps"]}
+    assert steps["normalize"]["metrics"]["nodes_named"] >= 3
+    auto = steps["quantize"]["metrics"]["mixed_precision_auto"]
+    assert auto["held_out_data"] == f"npz: {tmp_path / 'held.npz'}"
+    assert auto["rounds"][0]["output_sqnr_db"]["y"] < 60  # scored, not skipped
+    names = [n.name for n in onnx.load(str(result.models["model"])).graph.node]
+    assert all(names) and len(set(names)) == len(names)

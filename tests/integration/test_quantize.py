@@ -1196,6 +1196,23 @@ def test_converter_dim_names_are_renamed_and_settable(tmp_path: Path, monkeypatc
     assert cli("validate", tmp_path / "recipes" / "conv.yaml").exit_code == 0
 
 
+def test_anonymous_dims_get_one_name_per_position(tmp_path: Path) -> None:
+    """An OCR classifier's input `[?, 3, 48, ?]`: the two `?` are different dims (48 x 192
+    is not square). They used to share one catalog name, so `--shape x=1x3x48x192` was
+    refused ("dim 'x_dim0' is 192 here but 1"); a name a tensor repeats is no promise
+    that the dims are equal unless it is an identifier (dynamo's `s3`)."""
+    x = helper.make_tensor_value_info("x", F, ["?", 3, 48, "?"])
+    y = helper.make_tensor_value_info("y", F, ["?", 3, 48, "?"])
+    path = _save(_model([helper.make_node("Relu", ["x"], ["y"])], [x], [y]), tmp_path / "c.onnx")
+    done = cli(
+        "build", "--onnx", path, "--device", "npu", "--precision", "w8a16",
+        "--shape", "x=1x3x48x192", "-o", tmp_path / "o", "--json",
+    )  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    built = onnx.load(str(tmp_path / "o" / "c" / "npu-w8a16" / "model" / "model.onnx"))
+    assert [d.dim_value for d in built.graph.input[0].type.tensor_type.shape.dim] == [1, 3, 48, 192]
+
+
 @pytest.mark.parametrize(("device", "precision"), [("cpu", "int8"), ("npu", "w8a16")])
 def test_opset_12_models_quantize(tmp_path: Path, device: str, precision: str) -> None:
     """Converted models are often opset 11/12. Per-channel used to write a DequantizeLinear

@@ -90,28 +90,44 @@ def dim_names(model: onnx.ModelProto) -> dict[tuple[str, int], str]:
     (tensor, position).
 
     Converters write dims no catalog can name: `p2o.DynamicDimension.0`, `?`, torch
-    dynamo's `((4//s3)) - 1`, or a value of -1 or 0. Identifier names are kept; any other
-    dynamic dim becomes `<tensor>_dim<i>`, and the same raw name maps to the same catalog
-    name everywhere, so dims the model shares stay shared.
+    dynamo's `((4//s3)) - 1`, or a value of -1 or 0. Identifier names are kept (a name
+    such as dynamo's `s3` says two dims are one). Anonymous dims (no name, `?`, a number)
+    and a non-identifier name that a tensor repeats (`[?, 3, 48, ?]` is not square) get
+    one name per position, `<tensor>_dim<i>`; any other non-identifier name maps to one
+    catalog name everywhere, so dims the model shares stay shared.
     """
     raw_to_name: dict[str, str] = {}
     out: dict[tuple[str, int], str] = {}
     for vi in [*graph_inputs(model.graph), *model.graph.output]:
-        for i, d in enumerate(vi.type.tensor_type.shape.dim):
+        dims = vi.type.tensor_type.shape.dim
+        raws = [d.dim_param if d.HasField("dim_param") else "" for d in dims]
+        for i, d in enumerate(dims):
             if d.HasField("dim_value") and d.dim_value > 0:
                 continue
-            raw = d.dim_param if d.HasField("dim_param") else ""
+            raw = raws[i]
             fallback = re.sub(r"\W", "_", f"{vi.name}_dim{i}")
             if not re.match(r"[A-Za-z_]", fallback):
                 fallback = f"_{fallback}"
             if raw and _IDENTIFIER.match(raw):
                 name = raw
-            elif raw:
+            elif names_one_dim(raw, raws):
                 name = raw_to_name.setdefault(raw, fallback)
             else:
                 name = fallback
             out[(vi.name, i)] = name
     return out
+
+
+# Dim params that name nothing: empty, `?`, `-1`, `None`, a bare number.
+_ANONYMOUS = re.compile(r"^\s*(\?|-?\d*|None|none|unk|unknown)?\s*$")
+
+
+def names_one_dim(raw: str, tensor_dims: list[str]) -> bool:
+    """Whether the dim param `raw` names one dim wherever it appears: an identifier, or
+    a converter's name the tensor (`tensor_dims`: its dim params) does not repeat."""
+    if raw and _IDENTIFIER.match(raw):
+        return True
+    return not _ANONYMOUS.match(raw) and tensor_dims.count(raw) == 1
 
 
 # Ops an integer input passes through on its way to what it indexes or masks.

@@ -84,6 +84,7 @@ def _dims_by_position(model, ctx: StepContext, values: dict[str, int]) -> dict[s
     catalog says what each position of each input is (an int, or a named dim with a value),
     so names need not agree. Two positions giving one model dim different values is an error.
     """
+    from winml_recipes.onnx.inputs import names_one_dim
     from winml_recipes.sdk.contract import resolve_shape
 
     out: dict[str, int] = {}
@@ -96,11 +97,12 @@ def _dims_by_position(model, ctx: StepContext, values: dict[str, int]) -> dict[s
             want = resolve_shape(spec, values)
         except Exception:
             continue  # a named dim without a value: left to the name rule below
+        params = [d.dim_param for d in dims]
         for i, d in enumerate(dims):
             if d.HasField("dim_value") and d.dim_value > 0:
                 continue
-            if not d.dim_param:  # unnamed, or a converter's -1 / 0
-                d.dim_value = int(want[i])  # an unnamed dynamic dim: fixed in place
+            if not names_one_dim(d.dim_param, params):  # unnamed, `?`, -1, a repeated `?`
+                d.dim_value = int(want[i])  # an anonymous dynamic dim: fixed in place
                 continue
             if out.get(d.dim_param, want[i]) != want[i]:
                 raise PassError(

@@ -32,7 +32,7 @@ class NormalizeConfig:
 @register
 class NormalizePass(RewritesGraph, Pass[NormalizeConfig]):
     name = "normalize"
-    version = 3
+    version = 4
     target_dependent = False
     summary = "Constant folding and cleanup that keeps standard ONNX ops (runs once per model)."
 
@@ -51,6 +51,7 @@ class NormalizePass(RewritesGraph, Pass[NormalizeConfig]):
     ) -> StepResult:
         from winml_recipes.onnx.digest import graph_digest
         from winml_recipes.onnx.io import load_model, save_model
+        from winml_recipes.onnx.names import name_nodes
         from winml_recipes.onnx.stamp import write_stamp
 
         assert src is not None
@@ -58,12 +59,19 @@ class NormalizePass(RewritesGraph, Pass[NormalizeConfig]):
         before = len(source.graph.node)
         model = _ort_basic(src, ctx.work_dir) if config.backend == "ort" else _onnxscript(src)
         renamed = _rename_new_initializers(model, {t.name for t in source.graph.initializer})
+        named = name_nodes(model.graph)
         model.graph.ClearField("value_info")
         write_stamp(model, tool=f"winml-recipes {__version__} normalize/{config.backend}")
         out = save_model(model, model_file(out_dir))
         after = graph_digest(model)["node_count"]
         return StepResult(
-            out, {"nodes_before": before, "nodes_after": after, "initializers_renamed": renamed}
+            out,
+            {
+                "nodes_before": before,
+                "nodes_after": after,
+                "initializers_renamed": renamed,
+                "nodes_named": named,
+            },
         )
 
 

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 MATMUL_CONV = ("MatMul", "Conv", "Gemm", "ConvTranspose")
 # Automatic mixed precision scores candidates on samples calibration never saw.
 HELD_OUT_SEED_OFFSET = 104_729
+# Where automatic mixed precision may take its held-out scoring data from.
+HELD_OUT_KEYS = ("npz", "images", "dataset")
 
 
 @register
@@ -284,8 +286,9 @@ def _static(
     if cfg.auto is not None:
         from winml_recipes.quant.auto import promote
 
+        own = {k: cfg.auto[k] for k in HELD_OUT_KEYS if cfg.auto.get(k)}
         held_out = feeds_for(
-            cal_options,
+            own or cal_options,
             ctx.contract,
             ctx.recipe_dir,
             ctx.upstream,
@@ -293,11 +296,12 @@ def _static(
             seed + HELD_OUT_SEED_OFFSET,
             ctx.store,
             for_calibration=True,
-            skip=cal.samples,  # files and folders: the samples after the calibration ones
+            # its own data: as told; the calibration files: the samples after calibration's
+            skip=cfg.auto.get("skip", 0) if own else cal.samples,
         )
         metrics["mixed_precision_auto"] = promote(
             src, out, cfg, ranges_path, overrides, exclude, held_out, ctx, shared
-        )
+        ) | {"held_out_data": _held_out_name(own, cal_options, seed + HELD_OUT_SEED_OFFSET)}
     report = quantization_report(model, load_model(out))
     return StepResult(out, _base_metrics(cfg) | report | metrics)
 
@@ -410,6 +414,15 @@ def calibration_options(config: QuantizeOptions) -> dict[str, Any] | None:
     """The calibration options that are set, as feeds.feeds_for reads them (None: none)."""
     cal = config.calibration
     return None if cal is None else {k: v for k, v in vars(cal).items() if v is not None}
+
+
+def _held_out_name(own: dict[str, Any], cal: dict[str, Any], seed: int) -> str:
+    if own:
+        key = next(iter(own))
+        return f"{key}: {own[key]}"
+    if any(cal.get(k) for k in HELD_OUT_KEYS):
+        return f"{_source_name(cal)} (samples after the calibration ones)"
+    return f"{_source_name(cal)} (seed {seed})"
 
 
 def _source_name(cal: dict[str, Any]) -> str:

@@ -81,6 +81,14 @@ class AutoPromotion:
     max_promoted: int = option(16, minimum=1)
     type: Literal["uint16", "int16"] = "uint16"
     samples: int = option(4, minimum=1, maximum=64)
+    npz: str | None = option(
+        None,
+        "Held-out scoring data (.npz glob). Default: the verify step's data when it has any, "
+        "else the calibration files' samples after the calibration ones.",
+    )
+    images: str | None = option(None, "Held-out scoring data: an image folder.")
+    dataset: str | None = option(None, "Held-out scoring data: a saved `datasets` split.")
+    skip: int = option(0, "With npz/images/dataset: leave out the first N samples.", minimum=0)
 
 
 @dataclass(frozen=True)
