@@ -178,15 +178,20 @@ def build_onnx(
     import re
     import tempfile
 
-    from winml_recipes.authoring import write_adhoc_project
+    from winml_recipes.authoring import (
+        SYNTHETIC_GATE_HINT,
+        synthetic_calibration_note,
+        write_adhoc_project,
+    )
     from winml_recipes.presets import default_precision, resolve_target
-    from winml_recipes.sdk.errors import SourceError, WinmlError
+    from winml_recipes.sdk.errors import QualityGateError, SourceError, WinmlError
 
     model = Path(model)
     if not model.is_file():
         raise SourceError("file not found; check the path", where=str(model))
     precision = precision or default_precision(device)
     resolve_target(device, precision)
+    note = None
     with tempfile.TemporaryDirectory(prefix="winml-adhoc-") as tmp:
         try:
             recipe = write_adhoc_project(
@@ -198,9 +203,14 @@ def build_onnx(
                 calibration_data=calibration_data,
                 eval_data=eval_data,
             )
+            note = None if calibration_data else synthetic_calibration_note(model, precision)
+            if note and kwargs.get("reporter") is not None:
+                kwargs["reporter"].message(note)
             return build(recipe, device=device, precision=precision,
                          catalog_dir=Path(tmp) / "catalog", **kwargs)  # fmt: skip
         except WinmlError as exc:
+            if isinstance(exc, QualityGateError) and note:
+                exc.message += SYNTHETIC_GATE_HINT
             # The generated recipe and catalog are deleted with the folder: name the model.
             exc.where = re.sub(re.escape(tmp) + r"[^:\s]*(:\d+)?", str(model), exc.where)
             raise

@@ -203,6 +203,33 @@ def write_adhoc_project(
     return path
 
 
+def synthetic_calibration_note(model_path: Path, precision: str) -> str | None:
+    """One line for a build that calibrates an image or token-id model on synthetic inputs
+    (their activation ranges are not the ranges real data gives), else None."""
+    from winml_recipes.presets import precision_settings
+
+    if precision_settings(precision).get("kind") != "integer":
+        return None
+    entry, _ = onnx_entry(model_path, "model", {})
+    inputs = entry["components"]["model"]["inputs"]
+    images = [n for n, t in inputs.items() if "image" in t]
+    tokens = [n for n, t in inputs.items() if "values" not in t and t["dtype"].startswith("int")]
+    looks = [f"{n} (image)" for n in images] + [f"{n} (token ids)" for n in tokens]
+    if not looks:
+        return None
+    return (
+        f"note: calibrating {', '.join(looks)} on synthetic inputs; ranges on real data differ. "
+        "Pass real samples: --calibration-data calib.npz (or an image folder) and "
+        "--eval-data heldout.npz"
+    )
+
+
+SYNTHETIC_GATE_HINT = (
+    "; likely cause: the model was calibrated on synthetic inputs: pass real samples with "
+    "--calibration-data (and --eval-data)"
+)
+
+
 def dims_from_npz(
     specs: list[TensorSpec],
     missing: Mapping[str, list[str]],

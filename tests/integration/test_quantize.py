@@ -1359,3 +1359,47 @@ def test_a_16bit_build_of_a_model_saved_with_external_data(tmp_path, monkeypatch
     assert ops[("", "QuantizeLinear")] and not ops[("com.microsoft", "QuantizeLinear")]
     (step,) = [s for s in result.manifest["components"]["model"]["steps"] if s["pass"] == "verify"]
     assert step["status"] == "ran"
+
+
+def test_synthetic_calibration_is_named_and_blamed_on_a_failed_gate(tmp_path: Path) -> None:
+    """`build --onnx` on an image model without --calibration-data says, once, that the
+    ranges come from synthetic inputs; when the gate then fails, the error names that as
+    the likely cause. (The model fails any 8-bit calibration: a weight row of 1000 that
+    never reaches the output sets the weight's range, so only the hint is under test.)"""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((16, 16)).astype(np.float32)
+    w[0, :] = 1000.0
+    mask = np.ones((16,), np.float32)
+    mask[0] = 0.0
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "mask"], ["h"], name="gate"),
+            helper.make_node("MatMul", ["h", "w"], ["y"], name="mm"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", F, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", F, [1, 3, 16, 16])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(mask, "mask")],
+    )
+    path = _save(
+        _model(graph.node, graph.input, graph.output, graph.initializer), tmp_path / "i.onnx"
+    )
+    base = (
+        "build",
+        "--onnx",
+        path,
+        "--device",
+        "cpu",
+        "--precision",
+        "uint8",
+        "-o",
+        tmp_path / "o",
+    )
+    done = cli(*base)
+    assert done.exit_code == 3, done.stderr
+    assert done.stderr.count("calibrating x (image) on synthetic inputs") == 1
+    assert "likely cause: the model was calibrated on synthetic inputs" in done.stderr
+    np.savez(tmp_path / "c.npz", x=rng.uniform(-2, 2, (4, 1, 3, 16, 16)).astype(np.float32))
+    done = cli(*base, "--calibration-data", tmp_path / "c.npz")
+    assert done.exit_code == 3
+    assert "on synthetic inputs" not in done.stdout + done.stderr
