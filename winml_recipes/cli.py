@@ -507,10 +507,22 @@ def _print_summary(m: dict[str, Any], output_dir) -> None:
                 click.echo(f"    {s['pass']} skipped: {s.get('reason', '')}")
             outs = metrics.get("outputs") if s["pass"] == "verify" else None
             for out, met in (outs or {}).items():
-                click.echo(
-                    f"    {out}: SQNR {met['sqnr_db']:.1f} dB, cosine {met['cosine']:.5f},"
-                    f" max_abs {met['max_abs']:.3g}"
-                )
+                click.echo(f"    {_output_line(out, met, metrics.get('gates', []))}")
+
+
+def _output_line(output: str, metrics: dict[str, Any], gates: list[dict[str, Any]]) -> str:
+    """One output's metrics, each gated one with its threshold, margin and verdict."""
+    from winml_recipes.sdk.gates import Gate
+
+    held = {g["metric"]: Gate.from_manifest(g) for g in gates if g["output"] == output}
+    kind = next((g.kind for g in held.values() if g.kind), None)
+    shown = {
+        "sqnr_db": f"SQNR {metrics['sqnr_db']:.1f} dB",
+        "cosine": f"cosine {metrics['cosine']:.5f}",
+        "max_abs": f"max_abs {metrics['max_abs']:.3g}",
+    }
+    parts = [held[m].line(with_output=False) if m in held else text for m, text in shown.items()]
+    return f"{output}{f' ({kind})' if kind else ''}: " + ", ".join(parts)
 
 
 def _where_verified(metrics: dict[str, Any]) -> str:

@@ -315,7 +315,11 @@ def manifest_schema() -> dict[str, Any]:
                 "round and the damage measured for each, rounds[] with each round's output "
                 "SQNR; README, Quantization).",
                 # metrics stay open (each pass has its own); this one entry is described
-                "patternProperties": {"^mixed_precision_auto$": MIXED_PRECISION_AUTO},
+                "patternProperties": {
+                    "^mixed_precision_auto$": MIXED_PRECISION_AUTO,
+                    "^gates$": GATES,
+                    "^passed$": {"type": "boolean", "description": "verify: every gate held."},
+                },
             },
             "artifacts": {
                 "type": "array",
@@ -533,6 +537,30 @@ _SQNR_PER_OUTPUT = {
     "additionalProperties": {"type": "number"},
     "description": "Worst-sample SQNR (dB) against the float model, per graph output.",
 }
+GATES: dict[str, Any] = {
+    "type": "array",
+    "description": "verify: every gate the outputs were held to (sdk/gates.py).",
+    "items": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["output", "metric", "value", "threshold", "comparison", "margin", "passed"],
+        "properties": {
+            "output": {"type": "string"},
+            "metric": {"type": "string", "description": "sqnr_db, cosine, max_abs, ..."},
+            "value": {"type": "number"},
+            "threshold": {"type": "number"},
+            "comparison": {"enum": [">=", "<="]},
+            "margin": {"type": "number", "description": "Inside the threshold when positive."},
+            "passed": {"type": "boolean"},
+            "kind": {
+                "type": "string",
+                "description": "What the output is, where that chose the gate (probability map).",
+            },
+        },
+    },
+}
+
+
 MIXED_PRECISION_AUTO: dict[str, Any] = {
     "type": "object",
     "description": "What automatic mixed precision promoted, why, and each round's score.",

@@ -75,7 +75,7 @@ def test_keep_going_builds_the_rest_and_the_report_file_lists_both(tmp_path) -> 
     assert result.stderr.splitlines() == [
         f"error: {recipe}:7 (line of the rendered recipe): model/verify [cpu/fp32]: "
         "verification on cpu failed: "
-        "y: SQNR 200.00 dB < 250 dB"
+        "y: SQNR 200 dB (gate >= 250 dB, margin -50 dB) FAIL"
     ]
     assert "built mlp for npu/fp32 in" in result.stdout
     report = valid_report(report_path)

@@ -80,7 +80,7 @@ def test_verify_below_threshold_fails_and_writes_nothing(tmp_path) -> None:
     # where: the recipe line of the step, the component/step and the target
     assert result.stderr.strip() == (
         f"error: {recipe}:7: model/verify [cpu/fp32]: verification on cpu failed: "
-        "y: SQNR 200.00 dB < 250 dB"
+        "y: SQNR 200 dB (gate >= 250 dB, margin -50 dB) FAIL"
     )
     assert not (tmp_path / "build" / "mlp" / "cpu-fp32").exists()
 

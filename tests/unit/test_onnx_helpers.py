@@ -613,6 +613,8 @@ def test_compare_identical_is_finite_cap():
         "cosine": 1.0,
         "sqnr_db": SQNR_CAP_DB,
         "nonfinite": 0.0,
+        "ref_min": 0.0,  # np.arange(6): 0..5
+        "ref_max": 5.0,
     }
     json.dumps(m, allow_nan=False)
 

@@ -106,7 +106,17 @@ def test_dynamic_mode_has_no_calibration_and_uint8_activations() -> None:
 
 def test_auto_mixed_precision_defaults_are_filled() -> None:
     c = cfg("npu", "uint8", mixed_precision={"auto": {"target_sqnr_db": 20}})
-    assert c.auto == {"target_sqnr_db": 20, "max_promoted": 16, "type": "uint16", "samples": 4}
+    assert c.auto == {
+        "target_sqnr_db": 20,
+        "max_promoted": 16,
+        "type": "uint16",
+        "samples": 4,
+        # held-out data: none of its own (the verify step's, else after calibration's)
+        "npz": None,
+        "images": None,
+        "dataset": None,
+        "skip": 0,
+    }
     assert c.regions == ()
     regions = [{"tensors": ["h*"], "type": "uint16"}, {"nodes": ["mm2"], "type": "float"}]
     c = cfg("npu", "uint8", mixed_precision=regions)

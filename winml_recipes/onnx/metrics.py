@@ -27,6 +27,8 @@ class _Acc:
         self.cand2 = 0.0
         self.err2 = 0.0
         self.nonfinite = 0
+        self.ref_min = math.inf
+        self.ref_max = -math.inf
 
     def add(self, ref: np.ndarray, cand: np.ndarray) -> None:
         r = np.asarray(ref, dtype=np.float64).ravel()
@@ -39,6 +41,8 @@ class _Acc:
         self.n += r.size
         if r.size:
             self.max_abs = max(self.max_abs, float(np.max(np.abs(err))))
+            self.ref_min = min(self.ref_min, float(r.min()))
+            self.ref_max = max(self.ref_max, float(r.max()))
         self.sum_abs += float(np.sum(np.abs(err)))
         self.dot += float(np.dot(r, c))
         self.ref2 += float(np.dot(r, r))
@@ -66,13 +70,16 @@ class _Acc:
             "cosine": max(-1.0, min(1.0, cosine)),
             "sqnr_db": max(-SQNR_CAP_DB, min(SQNR_CAP_DB, sqnr)),
             "nonfinite": float(self.nonfinite),
+            # the float output's value range (what kind of output it is: scores, offsets)
+            **({"ref_min": self.ref_min, "ref_max": self.ref_max} if self.n else {}),
         }
 
 
 def compare_runs(
     refs: Sequence[Mapping[str, np.ndarray]], cands: Sequence[Mapping[str, np.ndarray]]
 ) -> dict[str, dict[str, float]]:
-    """Per reference output: max_abs, mean_abs, cosine, sqnr_db and nonfinite, over all batches.
+    """Per reference output: max_abs, mean_abs, cosine, sqnr_db, nonfinite and the reference's
+    finite range (ref_min, ref_max), over all batches.
 
     `nonfinite` counts candidate/reference elements where one side is NaN/inf and the other
     differs; any such element sets sqnr_db to -SQNR_CAP_DB. Candidate outputs that the

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from winml_recipes.sdk.config import option
 from winml_recipes.sdk.errors import PassError, QualityGateError
+from winml_recipes.sdk.gates import Gate, gates_for
 from winml_recipes.sdk.passes import Pass, check_component, register
 from winml_recipes.sdk.target import Target
 from winml_recipes.sdk.types import ModelFacts, PlanContext, StepContext, StepResult
@@ -82,6 +83,14 @@ class VerifyConfig:
     )
     outputs: Mapping[str, Thresholds] | None = option(
         None, "Per-output thresholds overriding the ones above."
+    )
+    probability_max_abs: float | None = option(
+        None,
+        "Hold outputs the float model keeps inside [0, 1] (probability maps: sigmoid or "
+        "softmax scores) to this max_abs instead of SQNR and cosine, unless `outputs` sets "
+        "their thresholds (build --onnx: 0.1).",
+        minimum=0,
+        maximum=1,
     )
 
 
@@ -235,10 +244,14 @@ class VerifyPass(Pass[VerifyConfig]):
             simulated = compare_runs(reference, run_model(src, feeds))
             record["cpu_simulation"] = {"outputs": simulated}
         record["outputs"] = metrics
-        failures = _failures(metrics, config)
-        if failures:
+        gates = _gates(metrics, config)
+        record["gates"] = [g.to_manifest() for g in gates]
+        record["passed"] = all(g.passed for g in gates)
+        failed = [g for g in gates if not g.passed]
+        if failed:
             raise QualityGateError(
-                f"verification on {target.verified_on} failed: " + "; ".join(failures)
+                f"verification on {target.verified_on} failed: "
+                + "; ".join(g.line() for g in failed)
             )
         return StepResult(None, record)
 
@@ -278,21 +291,17 @@ def _check_output_shapes(outputs: dict[str, Any], ctx: StepContext) -> None:
             raise PassError(f"output '{spec.name}' has shape {list(got)}, the catalog says {shown}")
 
 
-def _failures(metrics: dict[str, dict[str, float]], config: VerifyConfig) -> list[str]:
-    out = []
+def _gates(metrics: dict[str, dict[str, float]], config: VerifyConfig) -> list[Gate]:
+    """Every output's gates: the step's thresholds, an output's own where `outputs` sets
+    them, a probability map's max_abs where `probability_max_abs` asks for it."""
+    out: list[Gate] = []
     per_output = config.outputs or {}
     for name, m in metrics.items():
         limits = {k: getattr(config, k) for k in THRESHOLDS}
+        auto = config.probability_max_abs
         if name in per_output:
             given = {k: getattr(per_output[name], k) for k in THRESHOLDS}
             limits |= {k: v for k, v in given.items() if v is not None}
-        if limits.get("min_sqnr_db") is not None and m["sqnr_db"] < limits["min_sqnr_db"]:
-            out.append(f"{name}: SQNR {m['sqnr_db']:.2f} dB < {limits['min_sqnr_db']} dB")
-        if limits.get("min_cosine") is not None and m["cosine"] < limits["min_cosine"]:
-            out.append(
-                f"{name}: cosine {m['cosine']:.5f} < {limits['min_cosine']}"
-                f" (SQNR {m['sqnr_db']:.1f} dB)"
-            )
-        if limits.get("max_abs") is not None and m["max_abs"] > limits["max_abs"]:
-            out.append(f"{name}: max_abs {m['max_abs']:.3g} > {limits['max_abs']}")
+            auto = None  # the recipe said what this output is held to
+        out.extend(gates_for(name, m, limits, probability_max_abs=auto))
     return out

@@ -1,0 +1,112 @@
+"""Quality gates as records: what was measured, the threshold, the margin, the verdict.
+
+`verify` makes them, the manifest stores them (`gates`), the console prints them and a
+failed build names the failing ones: one typed record read by every consumer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# metric -> (what it is called on the console, unit, True when higher is better)
+_METRICS: dict[str, tuple[str, str, bool]] = {
+    "sqnr_db": ("SQNR", " dB", True),
+    "cosine": ("cosine", "", True),
+    "max_abs": ("max_abs", "", False),
+}
+# VerifyConfig threshold names -> metric
+THRESHOLD_METRICS = {"min_sqnr_db": "sqnr_db", "min_cosine": "cosine", "max_abs": "max_abs"}
+PROBABILITY = "probability map"
+
+
+@dataclass(frozen=True)
+class Gate:
+    output: str  # an output name, or "task" for a task metric over all outputs
+    metric: str
+    value: float
+    threshold: float
+    higher_is_better: bool = True
+    kind: str | None = None  # what the output is, when that chose the gate
+
+    @property
+    def passed(self) -> bool:
+        return (
+            self.value >= self.threshold if self.higher_is_better else self.value <= self.threshold
+        )
+
+    @property
+    def margin(self) -> float:
+        """How far inside (positive) or outside (negative) the threshold the value is."""
+        return self.value - self.threshold if self.higher_is_better else self.threshold - self.value
+
+    def to_manifest(self) -> dict[str, Any]:
+        out = {
+            "output": self.output,
+            "metric": self.metric,
+            "value": self.value,
+            "threshold": self.threshold,
+            "comparison": ">=" if self.higher_is_better else "<=",
+            "margin": self.margin,
+            "passed": self.passed,
+        }
+        return out | ({"kind": self.kind} if self.kind else {})
+
+    @classmethod
+    def from_manifest(cls, record: Mapping[str, Any]) -> Gate:
+        return cls(
+            record["output"],
+            record["metric"],
+            float(record["value"]),
+            float(record["threshold"]),
+            record.get("comparison", ">=") == ">=",
+            record.get("kind"),
+        )
+
+    def line(self, with_output: bool = True) -> str:
+        """`pred_masks: SQNR 25.3 dB (gate >= 20 dB, margin +5.3 dB) pass`"""
+        label, unit, _ = _METRICS.get(self.metric, (self.metric, "", True))
+        what = f"{self.output} ({self.kind})" if self.kind else self.output
+        sign = ">=" if self.higher_is_better else "<="
+        verdict = "pass" if self.passed else "FAIL"
+        digits = ".5f" if self.metric == "cosine" else ".4g"
+        return (
+            (f"{what}: " if with_output else "")
+            + f"{label} {self.value:{digits}}{unit} (gate {sign} "
+            f"{self.threshold:{digits}}{unit}, margin {self.margin:+.3g}{unit}) {verdict}"
+        )
+
+
+def output_kind(metrics: Mapping[str, float]) -> str | None:
+    """`probability map` for an output the float model keeps inside [0, 1] (sigmoid or
+    softmax scores, masks); None for values (logits, offsets, scales, embeddings)."""
+    low, high = metrics.get("ref_min"), metrics.get("ref_max")
+    if low is None or high is None:
+        return None
+    return PROBABILITY if low >= 0.0 and high <= 1.0 and high > low else None
+
+
+def gates_for(
+    output: str,
+    metrics: Mapping[str, float],
+    limits: Mapping[str, float | None],
+    *,
+    probability_max_abs: float | None = None,
+) -> list[Gate]:
+    """The gates one output is held to. With `probability_max_abs`, a probability map is
+    held to that max_abs instead of SQNR and cosine: a map of mostly near-zero scores has
+    almost no signal power, so a few thousandths of noise sink its SQNR while no score
+    moves enough to change a decision."""
+    kind = output_kind(metrics) if probability_max_abs is not None else None
+    if kind == PROBABILITY:
+        limit = limits.get("max_abs")
+        threshold = min(limit, probability_max_abs) if limit is not None else probability_max_abs
+        return [Gate(output, "max_abs", metrics["max_abs"], threshold, False, kind)]
+    out = []
+    for name, metric in THRESHOLD_METRICS.items():
+        threshold = limits.get(name)
+        if threshold is not None:
+            higher = _METRICS[metric][2]
+            out.append(Gate(output, metric, float(metrics[metric]), float(threshold), higher))
+    return out
