@@ -165,6 +165,7 @@ def build_onnx(
     shapes: dict[str, tuple[int, ...]] | None = None,
     calibration_data: str | None = None,
     eval_data: str | None = None,
+    allow_calibration_overlap: bool = False,
     **kwargs: Any,
 ) -> BuildResult:
     """Build a local ONNX file from the presets, without writing a recipe.
@@ -202,6 +203,7 @@ def build_onnx(
                 shapes or {},
                 calibration_data=calibration_data,
                 eval_data=eval_data,
+                allow_calibration_overlap=allow_calibration_overlap,
             )
             note = None if calibration_data else synthetic_calibration_note(model, precision)
             if note and kwargs.get("reporter") is not None:

@@ -152,6 +152,7 @@ def write_adhoc_project(
     shapes: Mapping[str, tuple[int, ...]],
     calibration_data: str | None = None,
     eval_data: str | None = None,
+    allow_calibration_overlap: bool = False,
 ) -> Path:
     """root/catalog/NAME.yaml + root/recipes/NAME.yaml for one target; returns the recipe.
 
@@ -197,7 +198,9 @@ def write_adhoc_project(
         "targets": [{"device": device, "precision": precision}],
     }
     if calibration_data is not None or eval_data is not None:
-        recipe["steps"] = _steps_with_data(device, precision, calibration_data, eval_data)
+        recipe["steps"] = _steps_with_data(
+            device, precision, calibration_data, eval_data, allow_calibration_overlap
+        )
     path = root / "recipes" / f"{name}.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path
@@ -280,7 +283,11 @@ def _data_option(data: str) -> dict[str, str]:
 
 
 def _steps_with_data(
-    device: str, precision: str, calibration: str | None, held_out: str | None
+    device: str,
+    precision: str,
+    calibration: str | None,
+    held_out: str | None,
+    allow_overlap: bool = False,
 ) -> list:
     """The preset steps, calibrating on `calibration` and verifying on `held_out`."""
     from winml_recipes.presets import default_steps, resolve_target
@@ -292,6 +299,8 @@ def _steps_with_data(
             options = {**options, "calibration": _data_option(calibration)}
         elif name == "verify" and held_out is not None:
             options = {**options, **_data_option(held_out)}
+            if allow_overlap:
+                options["allow_calibration_overlap"] = True
         steps.append({name: options} if options else name)
     return steps
 

@@ -246,7 +246,14 @@ def plan(recipe, device, precision, defines, catalog_dir, source, as_json) -> No
     "--eval-data",
     metavar="DATA",
     help="With --onnx: held-out inputs to verify on (.npz glob, image folder or saved datasets "
-    "split); never the calibration samples (default: seeded synthetic inputs).",
+    "split), every sample up to 64; refused when it holds calibration samples (default: "
+    "seeded synthetic inputs).",
+)
+@click.option(
+    "--allow-calibration-overlap",
+    is_flag=True,
+    help="With --onnx: verify on --eval-data even where it holds calibration samples (said in "
+    "the output; the quality measured then overstates unseen data's).",
 )
 def build(
     recipe,
@@ -270,6 +277,7 @@ def build(
     shapes,
     calibration_data,
     eval_data,
+    allow_calibration_overlap,
 ) -> None:
     """Build a recipe for one target (default: its first) or --all-targets.
 
@@ -304,6 +312,7 @@ def build(
                 shapes=parse_shapes(shapes),
                 calibration_data=calibration_data,
                 eval_data=eval_data,
+                allow_calibration_overlap=allow_calibration_overlap,
                 output_root=output_root,
                 use_cache=not no_cache,
                 reporter=reporter,
@@ -315,9 +324,10 @@ def build(
         else:
             _print_summary(result.manifest, result.output_dir)
         return
-    if shapes or calibration_data or eval_data:
+    if shapes or calibration_data or eval_data or allow_calibration_overlap:
         raise RecipeError(
-            "--shape, --calibration-data and --eval-data are only for --onnx; recipes take "
+            "--shape, --calibration-data, --eval-data and --allow-calibration-overlap are only "
+            "for --onnx; recipes take "
             "shapes from the catalog and data from quantize.calibration and verify (npz, images)"
         )
     if recipe is None:
@@ -492,8 +502,18 @@ def _print_summary(m: dict[str, Any], output_dir) -> None:
         click.echo(f"  {name}: {size:.2f} MB  [{statuses}]")
         for s in comp["steps"]:
             metrics = s.get("metrics", {})
+            if s["pass"] == "quantize" and metrics.get("calibration_source"):
+                click.echo(f"    calibrated on {_data_line(metrics, 'calibration')}")
             if s["pass"] == "verify" and metrics.get("verified_on"):
                 click.echo(f"    verified on {_where_verified(metrics)}")
+                click.echo(f"    verified with {_data_line(metrics, 'verify')}")
+                if metrics.get("calibration_overlap_allowed"):
+                    click.echo(
+                        "    warning: verified on data that may hold calibration samples "
+                        "(allow_calibration_overlap): unseen data may do worse"
+                    )
+                if metrics.get("data_capped"):
+                    click.echo(f"    note: {metrics['data_capped']}")
             if s["pass"] == "compile" and s["status"] != "skipped":
                 agree = metrics.get("compiled_vs_uncompiled", {})
                 same = "bit-exact" if agree.get("bit_exact") else f"max_abs {agree.get('max_abs')}"
@@ -523,6 +543,19 @@ def _output_line(output: str, metrics: dict[str, Any], gates: list[dict[str, Any
     }
     parts = [held[m].line(with_output=False) if m in held else text for m, text in shown.items()]
     return f"{output}{f' ({kind})' if kind else ''}: " + ", ".join(parts)
+
+
+def _data_line(metrics: dict[str, Any], step: str) -> str:
+    """What the samples were: `npz: calib.npz (16 samples)`, or synthetic and what that means."""
+    if step == "calibration":
+        source, count = metrics["calibration_source"], metrics.get("calibration_samples")
+    else:
+        source = metrics.get("data_source") or "synthetic (seeded)"
+        count = metrics.get("data_samples", metrics.get("samples"))
+    text = f"{source} ({count} samples)"
+    if source.startswith("synthetic"):
+        text += ": quality on real data unknown"
+    return text
 
 
 def _where_verified(metrics: dict[str, Any]) -> str:

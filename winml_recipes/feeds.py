@@ -23,7 +23,7 @@ from winml_recipes.datafiles import require_regular_file
 from winml_recipes.images import preprocess_image
 from winml_recipes.sdk.contract import IOContract, TensorSpec, resolve_shape
 from winml_recipes.sdk.errors import PassError, PlanError
-from winml_recipes.sdk.types import UpstreamComponent
+from winml_recipes.sdk.types import DataRead, UpstreamComponent
 
 Feed = dict[str, np.ndarray]
 FeedFactory = Callable[[], Iterator[Feed]]
@@ -517,3 +517,44 @@ def upstream_data_digest(
     if source and source in upstream:
         out[source] = data_digest(upstream[source].calibration, base)
     return out
+
+
+def sample_digests(read: DataRead, contract: IOContract, base: Path) -> list[str]:
+    """A content digest per sample a step reads (its inputs' dtypes, shapes and bytes)."""
+    import hashlib
+
+    factory = feeds_for(dict(read.source), contract, base, {}, read.samples or 4096, 0,
+                        skip=read.skip)  # fmt: skip
+    out = []
+    for feed in factory():
+        h = hashlib.sha256()
+        for name in sorted(feed):
+            array = np.ascontiguousarray(feed[name])
+            h.update(f"{name}|{array.dtype}|{array.shape}|".encode())
+            h.update(array.tobytes())
+        out.append(h.hexdigest())
+    return out
+
+
+def check_disjoint(
+    reads: list[DataRead], contract: IOContract, base: Path, component: str, where: str
+) -> None:
+    """Refuse held-out samples that are also calibration samples (same content): quality
+    measured on them says nothing about unseen data. `allow_overlap` lets them through."""
+    calibration = [r for r in reads if r.role == "calibration"]
+    held_out = [r for r in reads if r.role == "held_out" and not r.allow_overlap]
+    if not calibration or not held_out:
+        return
+    seen = {d for r in calibration for d in sample_digests(r, contract, base)}
+    for read in held_out:
+        digests = sample_digests(read, contract, base)
+        shared = sum(d in seen for d in digests)
+        if shared:
+            key = next(iter(read.source))
+            raise PlanError(
+                f"{component}: {shared} of {len(digests)} held-out samples ({key}: "
+                f"{read.source[key]}) are calibration samples (same content); verify on "
+                "other data (or skip the calibration ones), or set verify."
+                "allow_calibration_overlap: true to use them anyway",
+                where=where,
+            )

@@ -393,6 +393,7 @@ def test_plan_json(proj: Project) -> None:
                 "seed": 0,
                 "skip": 0,
                 "allow_cpu_fallback": False,
+                "allow_calibration_overlap": False,
                 "on_target": True,
                 "require_ep": False,
                 "compare_simulation": True,

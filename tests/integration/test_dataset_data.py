@@ -59,7 +59,7 @@ def test_build_onnx_calibrates_and_verifies_on_saved_splits(tmp_path: Path) -> N
     assert quantize["calibration_source"] == f"dataset: {SAVED.resolve()}:train"
     assert quantize["calibration_samples"] == 16  # the train split's rows
     assert verify["data_source"] == f"dataset: {SAVED.resolve()}:test"
-    assert verify["data_samples"] == 2
+    assert verify["data_samples"] == 4  # every row of the test split
     assert verify["outputs"]["y"]["sqnr_db"] > 25
     noise = cli(*BUILD, "--onnx", model, "-o", tmp_path / "n", "--no-cache",
                 "--eval-data", f"{SAVED}:test")  # fmt: skip

@@ -1403,3 +1403,46 @@ def test_synthetic_calibration_is_named_and_blamed_on_a_failed_gate(tmp_path: Pa
     done = cli(*base, "--calibration-data", tmp_path / "c.npz")
     assert done.exit_code == 3
     assert "on synthetic inputs" not in done.stdout + done.stderr
+
+
+def _held_out_case(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A Conv model with 8 calibration and 8 held-out samples (different content)."""
+    path = _save(conv_model(), tmp_path / "c.onnx")
+    rng = np.random.default_rng(11)
+    calib, held = tmp_path / "calib.npz", tmp_path / "held.npz"
+    np.savez(calib, x=rng.standard_normal((8, 1, 3, 8, 8)).astype(np.float32))
+    np.savez(held, x=rng.standard_normal((8, 1, 3, 8, 8)).astype(np.float32))
+    return path, calib, held
+
+
+def test_every_held_out_sample_is_verified(tmp_path: Path) -> None:
+    """--eval-data with 8 samples verified 2 of them (`data_samples: 2`)."""
+    path, calib, held = _held_out_case(tmp_path)
+    done = cli("build", "--onnx", path, "--device", "cpu", "--precision", "int8",
+               "--shape", "x=1x3x8x8", "--calibration-data", calib, "--eval-data", held,
+               "-o", tmp_path / "o", "--json")  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    steps = {s["pass"]: s for s in json.loads(done.stdout)["components"]["model"]["steps"]}
+    assert steps["verify"]["metrics"]["data_samples"] == 8
+    assert steps["verify"]["metrics"]["samples"] == 8
+    assert "data_capped" not in steps["verify"]["metrics"]
+
+
+def test_held_out_data_holding_calibration_samples_is_refused(tmp_path: Path) -> None:
+    """The same file for calibration and evaluation used to verify on calibration samples
+    silently; a held-out file holding one calibration sample (same content) is refused too.
+    --allow-calibration-overlap builds and says so."""
+    path, calib, held = _held_out_case(tmp_path)
+    base = ("build", "--onnx", path, "--device", "cpu", "--precision", "int8",
+            "--shape", "x=1x3x8x8", "--calibration-data", calib, "-o", tmp_path / "o")  # fmt: skip
+    message = user_error(*base, "--eval-data", calib)
+    assert "model: 8 of 8 held-out samples (npz: " in message
+    assert "are calibration samples (same content)" in message
+    mixed = tmp_path / "mixed.npz"
+    x = np.load(held)["x"].copy()
+    x[5] = np.load(calib)["x"][2]
+    np.savez(mixed, x=x)
+    assert "model: 1 of 8 held-out samples" in user_error(*base, "--eval-data", mixed)
+    done = cli(*base, "--eval-data", calib, "--allow-calibration-overlap")
+    assert done.exit_code == 0, done.stderr
+    assert "warning: verified on data that may hold calibration samples" in done.stdout

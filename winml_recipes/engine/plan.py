@@ -148,6 +148,11 @@ def _plan_component(
         plan.steps.append(PlannedStep(i, step.name, impl, options, config, skip, facts, step.line))
         if skip is None:
             facts = impl.facts_after(facts, config)
+    reads = [r for s in plan.steps if s.skip is None for r in s.impl.data_reads(s.config)]
+    if reads:
+        from winml_recipes.feeds import check_disjoint
+
+        check_disjoint(reads, contract, recipe.path.parent, cname, str(recipe.path))
     mismatch = _precision_mismatch(facts, target)
     if mismatch:
         raise PlanError(f"{cname}: {mismatch}", where=str(recipe.path))

@@ -15,7 +15,7 @@ from winml_recipes.presets import precisions_of_kind
 from winml_recipes.quant.config import MixedAuto, QuantConfig, QuantizeOptions, resolve
 from winml_recipes.sdk.passes import Pass, check_component, model_file, register
 from winml_recipes.sdk.target import Target
-from winml_recipes.sdk.types import ModelFacts, PlanContext, StepContext, StepResult
+from winml_recipes.sdk.types import DataRead, ModelFacts, PlanContext, StepContext, StepResult
 
 if TYPE_CHECKING:
     from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
@@ -56,6 +56,19 @@ class QuantizePass(Pass[QuantizeOptions]):
             from winml_recipes.hfdata import check_split, open_split
 
             check_split(open_split(cal.dataset, ctx.recipe_dir), ctx.contract)
+
+    def data_reads(self, config: QuantizeOptions) -> list[DataRead]:
+        cal = config.calibration
+        if cal is None or config.mode == "dynamic":
+            return []
+        source = {k: getattr(cal, k) for k in HELD_OUT_KEYS if getattr(cal, k)}
+        reads = [DataRead("calibration", source, 0, cal.samples)] if source else []
+        auto = config.mixed_precision
+        if isinstance(auto, MixedAuto):
+            own = {k: getattr(auto.auto, k) for k in HELD_OUT_KEYS if getattr(auto.auto, k)}
+            if own:
+                reads.append(DataRead("held_out", own, auto.auto.skip, auto.auto.samples))
+        return reads
 
     def depends_on(self, config: QuantizeOptions) -> tuple[str, ...]:
         cal = config.calibration

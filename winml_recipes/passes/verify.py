@@ -12,7 +12,7 @@ from winml_recipes.sdk.errors import PassError, QualityGateError
 from winml_recipes.sdk.gates import Gate, gates_for
 from winml_recipes.sdk.passes import Pass, check_component, register
 from winml_recipes.sdk.target import Target
-from winml_recipes.sdk.types import ModelFacts, PlanContext, StepContext, StepResult
+from winml_recipes.sdk.types import DataRead, ModelFacts, PlanContext, StepContext, StepResult
 
 if TYPE_CHECKING:
     from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
@@ -28,12 +28,23 @@ class Thresholds:
 THRESHOLDS = tuple(f.name for f in fields(Thresholds))
 
 
+MAX_HELD_OUT = 64  # held-out samples verified by default (more: say samples explicitly)
+SEEDED_SAMPLES = 2  # seeded synthetic or upstream-fed samples by default
+FILE_SOURCES = ("npz", "images", "dataset")
+
+
 @dataclass(frozen=True)
 class VerifyConfig:
     min_sqnr_db: float = option(30.0, "Minimum SQNR in dB.")
     min_cosine: float = option(0.99, minimum=-1, maximum=1)
     max_abs: float | None = option(None, "Maximum absolute error.", minimum=0)
-    samples: int = option(2, minimum=1, maximum=64)
+    samples: int | None = option(
+        None,
+        f"Samples to verify on. Default: every held-out sample of npz/images/dataset (up to "
+        f"{MAX_HELD_OUT}, said when capped), else {SEEDED_SAMPLES} seeded ones.",
+        minimum=1,
+        maximum=MAX_HELD_OUT,
+    )
     seed: int = option(0, minimum=0)
     npz: str | None = option(
         None,
@@ -65,6 +76,11 @@ class VerifyConfig:
         False,
         "Let nodes the target's EP refuses run on the CPU EP (off: the build fails naming "
         "them). Ignored for CPU targets.",
+    )
+    allow_calibration_overlap: bool = option(
+        False,
+        "Verify on data that holds calibration samples (same content) anyway; the manifest "
+        "and console say so. Off: the build is refused before it starts.",
     )
     on_target: bool = option(
         True,
@@ -173,6 +189,20 @@ class VerifyPass(Pass[VerifyConfig]):
             "execution_provider": identity(provider_for(ctx.target).key),
         }
 
+    def data_reads(self, config: VerifyConfig) -> list[DataRead]:
+        source = {k: getattr(config, k) for k in FILE_SOURCES if getattr(config, k)}
+        if not source:
+            return []
+        return [
+            DataRead(
+                "held_out",
+                source,
+                config.skip,
+                config.samples or MAX_HELD_OUT,
+                config.allow_calibration_overlap,
+            )
+        ]
+
     def depends_on(self, config: VerifyConfig) -> tuple[str, ...]:
         return (config.inputs_from,) if config.inputs_from else ()
 
@@ -198,17 +228,21 @@ class VerifyPass(Pass[VerifyConfig]):
         contract = ctx.contract
         # Verification seeds differ from calibration seeds: quality is measured on unseen data.
         seed = config.seed + ctx.seed + 7919
+        from_files = any(getattr(config, k) for k in FILE_SOURCES)
+        wanted = config.samples or (MAX_HELD_OUT if from_files else SEEDED_SAMPLES)
         factory = feeds_for(
             _data_source(config),
             contract,
             ctx.recipe_dir,
             ctx.upstream,
-            config.samples,
+            asked := wanted + (from_files and config.samples is None),  # +1: was it capped?
             seed,
             ctx.store,
             skip=config.skip,
         )
-        feeds = take(factory, config.samples)
+        feeds = take(factory, asked)
+        capped = len(feeds) > wanted
+        feeds = feeds[:wanted]
         # An upstream component's reference outputs are kept for its downstream's verify.
         samples = len(feeds)
         reference = outputs_for(
@@ -232,12 +266,19 @@ class VerifyPass(Pass[VerifyConfig]):
         )
         _check_output_shapes(target.outputs[0], ctx)
         metrics = compare_runs(reference, target.outputs)
-        record: dict[str, Any] = {"samples": config.samples, **target.record}
+        record: dict[str, Any] = {"samples": samples, **target.record}
         source = _data_source(config)
         if source:  # which data the metrics were measured on, and how many samples it gave
             key = next(iter(source))
             record["data_source"] = f"{key}: {source[key]}"
             record["data_samples"] = samples
+            if config.allow_calibration_overlap:
+                record["calibration_overlap_allowed"] = True
+            if capped and config.samples is None:
+                record["data_capped"] = (
+                    f"the data has more than {wanted} samples; verified on the first {wanted} "
+                    "(set verify.samples to choose)"
+                )
         if isinstance(factory, UpstreamFeeds):
             record["upstream_forwards"] = {"computed": factory.computed, "reused": factory.reused}
         if config.compare_simulation and target.verified_on not in ("cpu", "cpu-simulation"):

@@ -13,7 +13,7 @@ from winml_recipes.sdk.errors import PlanError, check_known
 from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
 from winml_recipes.sdk.plugins import load_entry_points
 from winml_recipes.sdk.target import Target
-from winml_recipes.sdk.types import ModelFacts, PlanContext, StepContext, StepResult
+from winml_recipes.sdk.types import DataRead, ModelFacts, PlanContext, StepContext, StepResult
 
 ENTRY_POINT_GROUP = "winml_recipes.passes"
 ANY = frozenset({"*"})
@@ -92,6 +92,11 @@ class Pass(ABC, Generic[ConfigT]):
     def depends_on(self, config: ConfigT) -> tuple[str, ...]:
         """Components whose float model this step reads (they are built first)."""
         return ()
+
+    def data_reads(self, config: ConfigT) -> list[DataRead]:
+        """The data files this step reads, and what for (the planner refuses held-out
+        samples that are also calibration samples)."""
+        return []
 
     def key_material(self, config: ConfigT, ctx: StepContext) -> Any:
         """Extra cache-key material (e.g. digests of data files the options point to)."""

@@ -114,6 +114,19 @@ class StepContext:
     progress: Callable[[str, int, int | None], None] = field(default=lambda *_: None)
 
 
+@dataclass(frozen=True)
+class DataRead:
+    """Data files a step reads: `source` holds one of npz / images / dataset (as in the
+    options); `role` is "calibration" or "held_out"; the first `skip` samples are left
+    out and at most `samples` read (None: all)."""
+
+    role: str
+    source: Mapping[str, str]
+    skip: int = 0
+    samples: int | None = None
+    allow_overlap: bool = False  # held-out data the user insists on (a warning, not an error)
+
+
 @dataclass
 class StepResult:
     """What a pass returns: a new model (or None when it only measures) and metrics."""
