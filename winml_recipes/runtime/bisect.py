@@ -417,20 +417,17 @@ def _next_steps(
         data["cpu_op_affinity"] = cpu
         pinned = json.dumps({"op_type": {t: "cpu" for t in cpu["op_types"]}})
         if cpu["loads"]:
-            how = (
-                ""
-                if fallback
-                else "with CPU fallback allowed (verify: {allow_cpu_fallback: true}) "
-            )
+            how = "verify: {allow_cpu_fallback: true} keeps" if not fallback else "keeping"
             steps.append(
-                f"{how}the graph loads with {', '.join(cpu['op_types'])} kept on the CPU "
-                f"({cpu['nodes']} node(s), checked here): QNN's provider option op_affinity, a "
-                f"JSON file {pinned}, in the application's session"
+                f"{how} {', '.join(cpu['op_types'])} ({cpu['nodes']} node(s)) on the CPU, "
+                f"which loads here, through QNN's provider option op_affinity (a JSON file "
+                f"{pinned}; the application's session needs it too)"
             )
-        else:
-            steps.append(f"keeping {', '.join(cpu['op_types'])} on the CPU (op_affinity) still "
-                         "fails here")  # fmt: skip
-    if not steps or (cpu is not None and not cpu["loads"] and len(steps) == 1):
+            return "; ".join(steps)
+        steps.append(
+            f"keeping {', '.join(cpu['op_types'])} on the CPU (QNN's op_affinity) still fails here"
+        )
+    if len(steps) == (0 if cpu is None else 1):  # nothing to act on
         steps.append(f"nothing automatic: report the region to the {ep_key} EP's maintainers")
     return "; ".join(steps)
 
