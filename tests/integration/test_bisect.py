@@ -164,3 +164,14 @@ def test_verify_names_the_region_and_keeps_it_on_the_cpu_with_fallback(tmp_path:
     assert verify["cpu_op_affinity"]["op_types"] == ["Gather"]
     assert verify["cpu_op_affinity"]["bisection"]["culprit"]["name"] == "pick_channels"
     assert verify["outputs"]["y"]["sqnr_db"] > 30
+
+
+def test_compare_reports_the_layers_before_the_failing_region(tmp_path: Path) -> None:
+    model = quantized_chain(tmp_path)
+    report = api.compare(model, tmp_path / "float.onnx", device="npu", samples=1)
+    assert report["bisection"]["culprit"] == {"name": "pick_channels", "op_type": "Gather"}
+    assert "failed to finalize the graph" in report["bisection"]["message"]
+    assert report["compared_up_to"] == "conv12"
+    tensors = [r["tensor"] for r in report["tensors"]]
+    assert tensors[0] == "x" and tensors[-1] == "t12"  # the Relu fused into conv12
+    assert all(r["target_vs_float_db"] > 20 for r in report["tensors"])
