@@ -786,6 +786,11 @@ def compare(
         f", {report['samples']} samples; SQNR dB: target/float, simulation/float, target/sim"
     )
     first = report["first_divergence"]
+    if report.get("bisection"):
+        click.echo(
+            f"note: {report['bisection']['message']}; the rows below stop at "
+            f"{report['compared_up_to']}, the last node before that region"
+        )
     apart = report.get("tapped_vs_untapped_db")
     if apart is not None and apart < 40:
         click.echo(

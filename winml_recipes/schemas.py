@@ -443,6 +443,11 @@ def report_schema() -> dict[str, Any]:
             "exit_code": {"enum": [0, 1, 2, 3]},
             "error": {**maybe_text, "description": "One line: where, what, what to do."},
             "failing_step": {**maybe_text, "description": "component/step"},
+            "error_data": {
+                "type": "object",
+                "description": "The error's structured detail, e.g. bisection {culprit, nodes, "
+                "loads} and cpu_op_affinity when the EP could not finalize the graph.",
+            },
             "wall_seconds": number,
             "output_dir": maybe_text,
             "manifest_path": maybe_text,

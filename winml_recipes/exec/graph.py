@@ -260,6 +260,7 @@ class TaskGraph:
                     exit_code=result.exit_code,
                     error=result.error,
                     failing_step=result.failing_step,
+                    error_data=result.error_data,
                     wall_seconds=result.wall_seconds,
                     name=plan.recipe.name,
                     worker_pid=result.worker_pid,

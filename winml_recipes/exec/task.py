@@ -80,6 +80,7 @@ class TargetOutcome:
     started_at: float | None = None  # epoch seconds on the worker (a timeline of the run)
     finished_at: float | None = None
     resources: dict[str, float] = field(default_factory=dict)  # what a scheduler granted
+    error_data: dict[str, Any] = field(default_factory=dict)  # the error's detail (bisection)
 
     @property
     def target(self) -> str:

@@ -67,6 +67,7 @@ class TaskResult:
     error: str | None = None
     exit_code: int = 0
     failing_step: str | None = None
+    error_data: dict[str, Any] = field(default_factory=dict)  # WinmlError.data (bisection)
     wall_seconds: float = 0.0
     worker_pid: int | None = None
     started_at: float | None = None
@@ -284,6 +285,7 @@ def _failed(exc: Exception, step: str | None, started: float, started_at: float)
         error=str(error),
         exit_code=error.exit_code,
         failing_step=step,
+        error_data=dict(error.data),
         wall_seconds=round(time.perf_counter() - started, 3),
         worker_pid=os.getpid(),
         started_at=started_at,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from winml_recipes.sdk.config import option
-from winml_recipes.sdk.errors import PassError
+from winml_recipes.sdk.errors import ExecutionProviderError, PassError
 from winml_recipes.sdk.passes import Pass, register
 from winml_recipes.sdk.target import Target
 from winml_recipes.sdk.types import ModelFacts, StepContext, StepResult
@@ -70,6 +70,7 @@ class CompilePass(Pass[CompileConfig]):
     ) -> StepResult:
         from winml_recipes.feeds import synthetic, take
         from winml_recipes.onnx.metrics import compare_runs
+        from winml_recipes.runtime.bisect import explain
         from winml_recipes.runtime.epcontext import compile_epcontext
         from winml_recipes.runtime.providers import availability, identity, provider_for
         from winml_recipes.runtime.sessions import open_session
@@ -88,9 +89,13 @@ class CompilePass(Pass[CompileConfig]):
             if v is not None
         }
         # A child process compiles: the same bytes wherever and after whatever it runs.
-        compile_epcontext(
-            src, compiled, ep.key, embed=config.embed, provider_options=provider_options
-        )
+        try:
+            compile_epcontext(
+                src, compiled, ep.key, embed=config.embed, provider_options=provider_options
+            )
+        except ExecutionProviderError as exc:  # no node named: bisect to the failing region
+            raise explain(exc, src, ep.key, provider_options=provider_options,
+                          progress=ctx.progress) from None  # fmt: skip
         if not compiled.is_file():
             raise PassError(f"{ep.provider} wrote no EPContext model")
         uncompiled = open_session(src, ep.key, fallback=False, provider_options=provider_options)

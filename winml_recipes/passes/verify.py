@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -212,7 +213,6 @@ class VerifyPass(Pass[VerifyConfig]):
         from winml_recipes.feeds import UpstreamFeeds, feeds_for, outputs_for, take
         from winml_recipes.onnx.metrics import compare_runs
         from winml_recipes.runtime.sessions import run_model
-        from winml_recipes.runtime.target import run_on_target
 
         assert src is not None
         if ctx.reference is None:
@@ -253,17 +253,12 @@ class VerifyPass(Pass[VerifyConfig]):
             keep=ctx.feeds_downstream,
             on_sample=lambda done: ctx.progress("reference samples", done, samples),
         )
-        target = run_on_target(
-            src,
-            feeds,
-            ctx.target.device,
-            {
-                "allow_cpu_fallback": config.allow_cpu_fallback,
-                "require_ep": config.require_ep,
-                "on_target": config.on_target,
-            },
-            on_sample=lambda done: ctx.progress("samples on the target", done, samples),
-        )
+        options = {
+            "allow_cpu_fallback": config.allow_cpu_fallback,
+            "require_ep": config.require_ep,
+            "on_target": config.on_target,
+        }
+        target = _run_or_bisect(src, feeds, options, ctx, out_dir)
         _check_output_shapes(target.outputs[0], ctx)
         metrics = compare_runs(reference, target.outputs)
         record: dict[str, Any] = {"samples": samples, **target.record}
@@ -295,6 +290,52 @@ class VerifyPass(Pass[VerifyConfig]):
                 + "; ".join(g.line() for g in failed)
             )
         return StepResult(None, record)
+
+
+def _run_or_bisect(
+    src: Path,
+    feeds: list[dict[str, Any]],
+    options: dict[str, Any],
+    ctx: StepContext,
+    out_dir: Path,
+) -> Any:
+    """The candidate's run on the target. A session the EP cannot finalize (no node named)
+    is bisected to the smallest failing region; with CPU fallback allowed, the region's op
+    types are then kept on the CPU when that loads (recorded), else the error names them."""
+    from winml_recipes.runtime.bisect import OP_AFFINITY, explain
+    from winml_recipes.runtime.providers import provider_for
+    from winml_recipes.runtime.target import run_on_target
+    from winml_recipes.sdk.errors import ExecutionProviderError
+
+    samples = len(feeds)
+
+    def on_sample(done: int) -> None:
+        ctx.progress("samples on the target", done, samples)
+
+    try:
+        return run_on_target(src, feeds, ctx.target.device, options, on_sample=on_sample)
+    except ExecutionProviderError as exc:
+        fallback = bool(options["allow_cpu_fallback"])
+        explained = explain(exc, src, provider_for(ctx.target).key, fallback=fallback,
+                            progress=ctx.progress)  # fmt: skip
+        cpu = explained.data.get("cpu_op_affinity") or {}
+        if explained is exc or not (fallback and cpu.get("loads")):
+            raise explained from None
+    config = Path(ctx.work_dir) / "op_affinity.json"
+    config.write_text(json.dumps({"op_type": {t: "cpu" for t in cpu["op_types"]}}))
+    target = run_on_target(
+        src,
+        feeds,
+        ctx.target.device,
+        {**options, "provider_options": {OP_AFFINITY: str(config)}},
+        on_sample=on_sample,
+    )
+    target.record["cpu_op_affinity"] = {
+        **cpu,
+        "why": "the EP could not finalize the graph: " + explained.message.split("; next:")[0],
+        "bisection": explained.data["bisection"],
+    }
+    return target
 
 
 def _runs_on_cpu(device: str, config: VerifyConfig) -> bool:

@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 
 from winml_recipes.quant.mixed import RENAMED_SUFFIX  # ORT's name for a quantized output
+from winml_recipes.sdk.errors import ExecutionProviderError
 
 
 @dataclass(frozen=True)
@@ -113,18 +114,28 @@ def compare_tensors(
     tapped_float = save_model(
         _with_outputs(float_model, [t.tensor for t in taps]), work_dir / "tapped_float.onnx"
     )
-    target = run_on_target(tapped_qdq, feeds, device, {"allow_cpu_fallback": True})
-    # Extra graph outputs can change how the EP partitions and compiles the graph: compare
-    # the tapped run's final outputs with the untouched model's on the same EP.
-    untapped = run_on_target(candidate, feeds, device, {"allow_cpu_fallback": True})
-    finals = [o.name for o in load_model(candidate, load_external_data=False).graph.output]
-    agreement = compare_runs(
-        [{n: r[n] for n in finals} for r in untapped.outputs],
-        [{n: r[n] for n in finals} for r in target.outputs],
-    )
-    target.record["tapped_vs_untapped_db"] = round(min(m["sqnr_db"] for m in agreement.values()), 2)
+    all_feeds = feeds
+    try:
+        target = run_on_target(tapped_qdq, feeds, device, {"allow_cpu_fallback": True})
+    except ExecutionProviderError as exc:  # no node named: compare up to the failing region
+        tapped_qdq, taps, target = _up_to_failing_region(exc, candidate, qdq, taps, feeds, device,
+                                                         work_dir)  # fmt: skip
+        feeds = [{k: v for k, v in f.items() if k in target.record["inputs"]} for f in feeds]
+        del target.record["inputs"]
+    else:
+        # Extra graph outputs can change how the EP partitions and compiles the graph:
+        # compare the tapped run's final outputs with the untouched model's on the same EP.
+        untapped = run_on_target(candidate, feeds, device, {"allow_cpu_fallback": True})
+        finals = [o.name for o in load_model(candidate, load_external_data=False).graph.output]
+        agreement = compare_runs(
+            [{n: r[n] for n in finals} for r in untapped.outputs],
+            [{n: r[n] for n in finals} for r in target.outputs],
+        )
+        target.record["tapped_vs_untapped_db"] = round(
+            min(m["sqnr_db"] for m in agreement.values()), 2
+        )
     simulation = run_model(tapped_qdq, feeds)
-    floats = run_model(tapped_float, feeds)
+    floats = run_model(tapped_float, all_feeds)
 
     def dequantized(runs: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         return [{t.tensor: t.dequantize(run[t.q_output]) for t in taps} for run in runs]
@@ -148,6 +159,48 @@ def compare_tensors(
             )
         )
     return rows, target.record
+
+
+def _up_to_failing_region(
+    error: ExecutionProviderError,
+    candidate: Path,
+    qdq: onnx.ModelProto,
+    taps: list[Tap],
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    device: str,
+    work_dir: Path,
+) -> tuple[Path, list[Tap], Any]:
+    """The EP cannot finalize the tapped graph: bisect the candidate, then run the taps of
+    the prefix that ends before the smallest failing region (the tapped path, the taps kept
+    and the target run, whose record holds the bisection and the prefix's input names)."""
+    from winml_recipes.onnx.io import save_model
+    from winml_recipes.runtime.bisect import GraphCutter, explain
+    from winml_recipes.runtime.providers import provider_for_device
+    from winml_recipes.runtime.target import run_on_target
+
+    explained = explain(error, candidate, provider_for_device(device).key, fallback=True)
+    if "bisection" not in explained.data:
+        raise explained
+    region = explained.data["bisection"]
+    cutter = GraphCutter(qdq)
+    first = region["nodes"][0]["name"] if region["region_nodes"] <= 50 else None
+    index = next((i for i in cutter.units if cutter.node_id(i)[0] == first), None)
+    earlier = [u for u in cutter.units if index is not None and u < index]
+    if not earlier:
+        raise ExecutionProviderError(
+            explained.message + "; compare has no layer before that region to report",
+            where=explained.where,
+            data=explained.data,
+        )
+    prefix = cutter.piece(0, earlier[-1])
+    produced = {o for n in prefix.graph.node for o in n.output}
+    kept = [t for t in taps if t.q_output in produced]
+    path = save_model(_with_outputs(prefix, [t.q_output for t in kept]), work_dir / "prefix.onnx")
+    target = run_on_target(path, feeds, device, {"allow_cpu_fallback": True})
+    target.record["bisection"] = {**region, "message": explained.message}
+    target.record["compared_up_to"] = cutter.node_id(earlier[-1])[0]
+    target.record["inputs"] = [i.name for i in prefix.graph.input]
+    return path, kept, target
 
 
 def first_divergence(

@@ -35,6 +35,7 @@ def target_session(
     fallback: bool = False,
     require: bool = False,
     on_target: bool = True,
+    provider_options: Mapping[str, str] | None = None,
 ) -> tuple[RuntimeSession, dict[str, Any]]:
     """A session on the device's EP (or the CPU simulation) and its manifest record."""
     ep = provider_for_device(device)
@@ -53,7 +54,7 @@ def target_session(
                 f"here: {avail.reason}"
             )
         return open_session(path), {"verified_on": CPU_SIMULATION, **record}
-    session = open_session(path, ep.key, fallback=fallback)
+    session = open_session(path, ep.key, fallback=fallback, provider_options=provider_options)
     assert session.placement is not None
     record["placement"] = session.placement.to_manifest()
     record["cpu_fallback_allowed"] = fallback
@@ -67,7 +68,8 @@ def run_on_target(
     options: Mapping[str, Any] | None = None,
     on_sample: Callable[[int], None] | None = None,
 ) -> TargetRun:
-    """Run every feed on the device's EP; `options` may set allow_cpu_fallback, require_ep."""
+    """Run every feed on the device's EP; `options` may set allow_cpu_fallback, require_ep,
+    on_target and provider_options (for the device's EP)."""
     options = options or {}
     session, record = target_session(
         path,
@@ -75,6 +77,7 @@ def run_on_target(
         fallback=bool(options.get("allow_cpu_fallback", False)),
         require=bool(options.get("require_ep", False)),
         on_target=bool(options.get("on_target", True)),
+        provider_options=options.get("provider_options"),
     )
     outputs = []
     for i, feed in enumerate(feeds):

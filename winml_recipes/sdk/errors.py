@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class WinmlError(Exception):
     """Base class. `where` is a file:line, a component/step, or empty."""
 
     exit_code = 2
 
-    def __init__(self, message: str, where: str = "") -> None:
+    def __init__(self, message: str, where: str = "", data: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.where = where
+        self.data: dict[str, Any] = dict(data or {})  # structured detail for reports (JSON)
 
     def __str__(self) -> str:
         return f"{self.where}: {self.message}" if self.where else self.message
