@@ -525,9 +525,23 @@ def _print_summary(m: dict[str, Any], output_dir) -> None:
                 click.echo(f"    export matches torch: SQNR >= {worst:.1f} dB on every output")
             if s["status"] == "skipped":  # every skip says why, on a terminal or not
                 click.echo(f"    {s['pass']} skipped: {s.get('reason', '')}")
+            if s["pass"] == "verify" and metrics.get("task_metric"):
+                click.echo(f"    {_task_line(metrics['task_metric'], metrics.get('gates', []))}")
             outs = metrics.get("outputs") if s["pass"] == "verify" else None
             for out, met in (outs or {}).items():
                 click.echo(f"    {_output_line(out, met, metrics.get('gates', []))}")
+
+
+def _task_line(task: dict[str, Any], gates: list[dict[str, Any]]) -> str:
+    """The task metric's values, each gated one with its verdict."""
+    from winml_recipes.sdk.gates import Gate
+
+    held = {g["metric"]: Gate.from_manifest(g) for g in gates if g["output"] == "task"}
+    parts = [
+        held[k].line(with_output=False) if k in held else f"{k} {v:.4g}"
+        for k, v in task["values"].items()
+    ]
+    return f"{task['task']} ({task['metric']}): " + ", ".join(parts)
 
 
 def _output_line(output: str, metrics: dict[str, Any], gates: list[dict[str, Any]]) -> str:

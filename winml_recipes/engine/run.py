@@ -445,6 +445,7 @@ def _run_step(
         seed=plan.recipe.seed,
         upstream=upstream,
         store=cache.root if cache.enabled else None,
+        task=plan.recipe.catalog.data.get("task"),
         progress=(
             (lambda what, done, total: reporter.step_progress(comp.name, step, what, done, total))
             if reporter is not None

@@ -101,6 +101,11 @@ class VerifyConfig:
     outputs: Mapping[str, Thresholds] | None = option(
         None, "Per-output thresholds overriding the ones above."
     )
+    task: Mapping[str, float] | None = option(
+        None,
+        "Gates on the catalog task's metric (e.g. mask_iou: 0.9, chosen_mask_agreement: 0.95; "
+        "README, Task metrics). Default: the metric's own gates; {}: report it, gate nothing.",
+    )
     probability_max_abs: float | None = option(
         None,
         "Hold outputs the float model keeps inside [0, 1] (probability maps: sigmoid or "
@@ -186,6 +191,7 @@ class VerifyPass(Pass[VerifyConfig]):
         source = _data_source(config)
         # A result measured on the CPU simulation must not be served once the EP loads.
         return {
+            "task": ctx.task,  # chooses the task metric
             "data": upstream_data_digest(source, ctx.upstream, ctx.recipe_dir),
             "execution_provider": identity(provider_for(ctx.target).key),
         }
@@ -281,6 +287,10 @@ class VerifyPass(Pass[VerifyConfig]):
             record["cpu_simulation"] = {"outputs": simulated}
         record["outputs"] = metrics
         gates = _gates(metrics, config)
+        task = _task_metric(ctx, config, reference, target.outputs)
+        if task is not None:
+            record["task_metric"], task_gates = task
+            gates = [*task_gates, *gates]
         record["gates"] = [g.to_manifest() for g in gates]
         record["passed"] = all(g.passed for g in gates)
         failed = [g for g in gates if not g.passed]
@@ -371,6 +381,37 @@ def _check_output_shapes(outputs: dict[str, Any], ctx: StepContext) -> None:
         if len(got) != len(want) or mismatch:
             shown = [d if isinstance(d, int) else known.get(d, d) for d in spec.shape]
             raise PassError(f"output '{spec.name}' has shape {list(got)}, the catalog says {shown}")
+
+
+def _task_metric(
+    ctx: StepContext, config: VerifyConfig, reference: list, candidate: list
+) -> tuple[dict[str, Any], list[Gate]] | None:
+    """The catalog task's metric on every sample, and its gates (None: no metric applies)."""
+    from winml_recipes.sdk.metrics import metric_for
+
+    metric = metric_for(ctx.task, ctx.contract)
+    if metric is None:
+        return None
+    values = metric.values(reference, candidate)
+    wanted = (
+        {k: g.threshold for k, g in metric.gates.items()} if config.task is None else config.task
+    )
+    unknown = sorted(set(wanted) - set(values))
+    if unknown:
+        raise PassError(
+            f"verify.task: {metric.name} has no {', '.join(unknown)}; it gives {', '.join(values)}"
+        )
+    gates = [
+        Gate("task", k, values[k], float(t), k not in metric.lower_is_better)
+        for k, t in wanted.items()
+    ]
+    record = {
+        "task": ctx.task,
+        "metric": metric.name,
+        "description": metric.description,
+        "values": values,
+    }
+    return record, gates
 
 
 def _gates(metrics: dict[str, dict[str, float]], config: VerifyConfig) -> list[Gate]:

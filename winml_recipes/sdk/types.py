@@ -110,6 +110,7 @@ class StepContext:
     upstream: Mapping[str, UpstreamComponent] = field(default_factory=dict)
     # Where content-addressed intermediate data may be kept (None: the cache is off).
     store: Path | None = None
+    task: str | None = None  # the catalog entry's task (mask-generation, ...)
     # progress(what, done, total): counts for the person watching (samples, rounds, ...).
     progress: Callable[[str, int, int | None], None] = field(default=lambda *_: None)
 
