@@ -207,8 +207,9 @@ def write_adhoc_project(
 
 
 def synthetic_calibration_note(model_path: Path, precision: str) -> str | None:
-    """One line for a build that calibrates an image or token-id model on synthetic inputs
-    (their activation ranges are not the ranges real data gives), else None."""
+    """One line for a build that calibrates image or token-id inputs on synthetic values
+    (their activation ranges are not the ranges real data gives), else None. A model with
+    one image input calibrates on the bundled photographs instead (the summary says so)."""
     from winml_recipes.presets import precision_settings
 
     if precision_settings(precision).get("kind") != "integer":
@@ -217,7 +218,9 @@ def synthetic_calibration_note(model_path: Path, precision: str) -> str | None:
     inputs = entry["components"]["model"]["inputs"]
     images = [n for n, t in inputs.items() if "image" in t]
     tokens = [n for n, t in inputs.items() if "values" not in t and t["dtype"].startswith("int")]
-    looks = [f"{n} (image)" for n in images] + [f"{n} (token ids)" for n in tokens]
+    # one image input calibrates on the bundled photographs; several cannot
+    looks = [f"{n} (image)" for n in images if len(images) > 1]
+    looks += [f"{n} (token ids)" for n in tokens]
     if not looks:
         return None
     return (

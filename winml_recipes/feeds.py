@@ -437,6 +437,7 @@ def feeds_for(
     store: Path | None = None,
     for_calibration: bool = False,
     skip: int = 0,
+    held_out: bool | None = None,
 ) -> FeedFactory:
     """The feed source described by calibration-style options (dataset, npz, images,
     inputs_from).
@@ -446,7 +447,12 @@ def feeds_for(
 
     With `for_calibration`, an upstream component's inputs come from the float model its
     own calibration ran (whose outputs that calibration stored), else from its reference.
+
+    Without data, a contract with one image input reads the bundled photographs: the
+    held-out set where `held_out` (default: not `for_calibration`), else the calibration set.
     """
+    if held_out is None:
+        held_out = not for_calibration
     opts = dict(options or {})
     if opts.get("dataset"):
         from winml_recipes import hfdata
@@ -485,9 +491,32 @@ def feeds_for(
             )
         per = int(opts.get("samples_per_upstream", 1))
         count = -(-samples // per)
-        up_feeds = feeds_for(up.calibration, up.contract, base, {}, count, seed)
+        up_feeds = feeds_for(up.calibration, up.contract, base, {}, count, seed, held_out=held_out)
         return from_upstream(up, up_feeds, contract, samples, seed, per, store, for_calibration)
+    if bundled_image_input(contract) is not None:
+        from winml_recipes.bundled import bundled_images
+
+        split = "heldout" if held_out else "calibration"
+        return from_images(list(bundled_images(split)), contract, samples, seed, skip)
     return synthetic(contract, samples, seed)
+
+
+def bundled_image_input(contract: IOContract) -> TensorSpec | None:
+    """The one image input the bundled photographs feed when no data is given (None: the
+    contract has no image input or several)."""
+    images = [s for s in contract.inputs if s.image is not None]
+    return images[0] if len(images) == 1 else None
+
+
+def describe_source(options: Mapping[str, Any] | None, contract: IOContract, held_out: bool) -> str:
+    """What a step's samples are: `npz: calib.npz`, `bundled photos (calibration)`, ..."""
+    opts = dict(options or {})
+    for key in ("npz", "images", "dataset", "inputs_from"):
+        if opts.get(key):
+            return f"{key}: {opts[key]}"
+    if bundled_image_input(contract) is not None:
+        return f"bundled photos ({'heldout' if held_out else 'calibration'} set)"
+    return "synthetic (catalog I/O contract)"
 
 
 def data_digest(options: Mapping[str, Any] | None, base: Path) -> dict[str, str]:
@@ -511,8 +540,11 @@ def upstream_data_digest(
     options: Mapping[str, Any] | None, upstream: Mapping[str, UpstreamComponent], base: Path
 ) -> dict[str, Any]:
     """Data digests of these options and of the upstream component they draw inputs from."""
+    from winml_recipes.bundled import bundle_digest
+
     opts = dict(options or {})
-    out: dict[str, Any] = {"own": data_digest(opts, base)}
+    # the bundled photographs feed image inputs that have no data of their own
+    out: dict[str, Any] = {"own": data_digest(opts, base), "bundled": bundle_digest()}
     source = opts.get("inputs_from")
     if source and source in upstream:
         out[source] = data_digest(upstream[source].calibration, base)

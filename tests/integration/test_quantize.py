@@ -1362,27 +1362,29 @@ def test_a_16bit_build_of_a_model_saved_with_external_data(tmp_path, monkeypatch
 
 
 def test_synthetic_calibration_is_named_and_blamed_on_a_failed_gate(tmp_path: Path) -> None:
-    """`build --onnx` on an image model without --calibration-data says, once, that the
+    """`build --onnx` on a token-id model without --calibration-data says, once, that the
     ranges come from synthetic inputs; when the gate then fails, the error names that as
     the likely cause. (The model fails any 8-bit calibration: a weight row of 1000 that
     never reaches the output sets the weight's range, so only the hint is under test.)"""
     rng = np.random.default_rng(3)
+    table = rng.standard_normal((32, 16)).astype(np.float32)
     w = rng.standard_normal((16, 16)).astype(np.float32)
     w[0, :] = 1000.0
     mask = np.ones((16,), np.float32)
     mask[0] = 0.0
     graph = helper.make_graph(
         [
-            helper.make_node("Mul", ["x", "mask"], ["h"], name="gate"),
+            helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
+            helper.make_node("Mul", ["e", "mask"], ["h"], name="gate"),
             helper.make_node("MatMul", ["h", "w"], ["y"], name="mm"),
         ],
         "g",
-        [helper.make_tensor_value_info("x", F, [1, 3, 16, 16])],
-        [helper.make_tensor_value_info("y", F, [1, 3, 16, 16])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(mask, "mask")],
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 16])],
+        [helper.make_tensor_value_info("y", F, [1, 16, 16])],
+        [numpy_helper.from_array(x, n) for x, n in ((table, "table"), (w, "w"), (mask, "mask"))],
     )
     path = _save(
-        _model(graph.node, graph.input, graph.output, graph.initializer), tmp_path / "i.onnx"
+        _model(graph.node, graph.input, graph.output, graph.initializer), tmp_path / "t.onnx"
     )
     base = (
         "build",
@@ -1397,12 +1399,33 @@ def test_synthetic_calibration_is_named_and_blamed_on_a_failed_gate(tmp_path: Pa
     )
     done = cli(*base)
     assert done.exit_code == 3, done.stderr
-    assert done.stderr.count("calibrating x (image) on synthetic inputs") == 1
+    assert done.stderr.count("calibrating ids (token ids) on synthetic inputs") == 1
     assert "likely cause: the model was calibrated on synthetic inputs" in done.stderr
-    np.savez(tmp_path / "c.npz", x=rng.uniform(-2, 2, (4, 1, 3, 16, 16)).astype(np.float32))
+    np.savez(tmp_path / "c.npz", ids=rng.integers(0, 32, (4, 1, 16)))
     done = cli(*base, "--calibration-data", tmp_path / "c.npz")
     assert done.exit_code == 3
     assert "on synthetic inputs" not in done.stdout + done.stderr
+
+
+def test_an_image_model_without_data_calibrates_on_the_bundled_photos(tmp_path: Path) -> None:
+    """No --calibration-data for a [1, 3, 32, 32] input: calibration reads the bundled
+    calibration photographs, verification the held-out ones (every one), and the summary
+    says so; no "synthetic" note."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("Relu", ["c"], ["y"], name="relu"),
+    ]
+    x = helper.make_tensor_value_info("x", F, [1, 3, 32, 32])
+    y = helper.make_tensor_value_info("y", F, [1, 4, 32, 32])
+    path = _save(_model(nodes, [x], [y], [w]), tmp_path / "c.onnx")
+    done = cli("build", "--onnx", path, "--device", "cpu", "--precision", "int8",
+               "-o", tmp_path / "o")  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    assert "on synthetic inputs" not in done.stderr
+    assert "calibrated on bundled photos (calibration set) (16 samples)" in done.stdout
+    assert "verified with bundled photos (heldout set) (8 samples)" in done.stdout
 
 
 def _held_out_case(tmp_path: Path) -> tuple[Path, Path, Path]:

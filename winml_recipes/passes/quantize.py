@@ -179,7 +179,7 @@ def _dynamic(src: Path, out: Path, cfg: QuantConfig, exclude: list[str]) -> Step
 def _static(
     src: Path, out: Path, cfg: QuantConfig, exclude: list[str], ctx: StepContext
 ) -> StepResult:
-    from winml_recipes.feeds import UpstreamFeeds, feeds_for
+    from winml_recipes.feeds import UpstreamFeeds, describe_source, feeds_for
     from winml_recipes.onnx.io import load_model
     from winml_recipes.quant.calibrate import (
         CalibrationSettings,
@@ -280,7 +280,7 @@ def _static(
     insertion_seconds = time.perf_counter() - started
     metrics: dict[str, Any] = {
         "calibration_method": cal.method,
-        "calibration_source": _source_name(cal_options),
+        "calibration_source": describe_source(cal_options, ctx.contract, held_out=False),
         "calibration_samples": counted.max_seen,
         "calibration_time_seconds": round(calibration_seconds, 3),
         "qdq_insertion_time_seconds": round(insertion_seconds, 3),
@@ -311,10 +311,15 @@ def _static(
             for_calibration=True,
             # its own data: as told; the calibration files: the samples after calibration's
             skip=cfg.auto.get("skip", 0) if own else cal.samples,
+            held_out=True,
         )
         metrics["mixed_precision_auto"] = promote(
             src, out, cfg, ranges_path, overrides, exclude, held_out, ctx, shared
-        ) | {"held_out_data": _held_out_name(own, cal_options, seed + HELD_OUT_SEED_OFFSET)}
+        ) | {
+            "held_out_data": _held_out_name(
+                own, cal_options, seed + HELD_OUT_SEED_OFFSET, ctx.contract
+            )
+        }
     report = quantization_report(model, load_model(out))
     return StepResult(out, _base_metrics(cfg) | report | metrics)
 
@@ -429,20 +434,15 @@ def calibration_options(config: QuantizeOptions) -> dict[str, Any] | None:
     return None if cal is None else {k: v for k, v in vars(cal).items() if v is not None}
 
 
-def _held_out_name(own: dict[str, Any], cal: dict[str, Any], seed: int) -> str:
+def _held_out_name(own: dict[str, Any], cal: dict[str, Any], seed: int, contract) -> str:
+    from winml_recipes.feeds import describe_source
+
     if own:
-        key = next(iter(own))
-        return f"{key}: {own[key]}"
+        return describe_source(own, contract, held_out=True)
+    name = describe_source(cal, contract, held_out=True)
     if any(cal.get(k) for k in HELD_OUT_KEYS):
-        return f"{_source_name(cal)} (samples after the calibration ones)"
-    return f"{_source_name(cal)} (seed {seed})"
-
-
-def _source_name(cal: dict[str, Any]) -> str:
-    for key in ("npz", "images", "dataset", "inputs_from"):
-        if cal.get(key):
-            return f"{key}: {cal[key]}"
-    return "synthetic (catalog I/O contract)"
+        return f"{name} (samples after the calibration ones)"
+    return name if name.startswith("bundled") else f"{name} (seed {seed})"
 
 
 def _base_metrics(cfg: QuantConfig) -> dict[str, Any]:

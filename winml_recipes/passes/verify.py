@@ -73,6 +73,12 @@ class VerifyConfig:
         "float model run on seeded inputs (e.g. the SAM 3 decoder verified on real encoder "
         "embeddings).",
     )
+    samples_per_upstream: int = option(
+        1,
+        "With inputs_from: how many samples share one upstream output (SAM 3: several "
+        "prompts per encoded image, each image encoded once).",
+        minimum=1,
+    )
     allow_cpu_fallback: bool = option(
         False,
         "Let nodes the target's EP refuses run on the CPU EP (off: the build fails naming "
@@ -216,7 +222,14 @@ class VerifyPass(Pass[VerifyConfig]):
     def run(
         self, src: Path | None, out_dir: Path, config: VerifyConfig, ctx: StepContext
     ) -> StepResult:
-        from winml_recipes.feeds import UpstreamFeeds, feeds_for, outputs_for, take
+        from winml_recipes.feeds import (
+            UpstreamFeeds,
+            bundled_image_input,
+            describe_source,
+            feeds_for,
+            outputs_for,
+            take,
+        )
         from winml_recipes.onnx.metrics import compare_runs
         from winml_recipes.runtime.sessions import run_model
 
@@ -234,7 +247,9 @@ class VerifyPass(Pass[VerifyConfig]):
         contract = ctx.contract
         # Verification seeds differ from calibration seeds: quality is measured on unseen data.
         seed = config.seed + ctx.seed + 7919
-        from_files = any(getattr(config, k) for k in FILE_SOURCES)
+        from_files = any(getattr(config, k) for k in FILE_SOURCES) or (
+            _data_source(config) is None and bundled_image_input(contract) is not None
+        )
         wanted = config.samples or (MAX_HELD_OUT if from_files else SEEDED_SAMPLES)
         factory = feeds_for(
             _data_source(config),
@@ -269,9 +284,8 @@ class VerifyPass(Pass[VerifyConfig]):
         metrics = compare_runs(reference, target.outputs)
         record: dict[str, Any] = {"samples": samples, **target.record}
         source = _data_source(config)
-        if source:  # which data the metrics were measured on, and how many samples it gave
-            key = next(iter(source))
-            record["data_source"] = f"{key}: {source[key]}"
+        if source or from_files:  # which data the metrics were measured on, and how many
+            record["data_source"] = describe_source(source, contract, held_out=True)
             record["data_samples"] = samples
             if config.allow_calibration_overlap:
                 record["calibration_overlap_allowed"] = True
@@ -360,9 +374,11 @@ def _runs_on_cpu(device: str, config: VerifyConfig) -> bool:
 
 
 def _data_source(config: VerifyConfig) -> dict[str, Any] | None:
-    """Calibration-style data options for feeds_for (None: seeded synthetic inputs)."""
+    """Calibration-style data options for feeds_for (None: no data of the recipe's)."""
     keys = ("npz", "images", "dataset", "inputs_from")
-    source = {k: getattr(config, k) for k in keys if getattr(config, k)}
+    source: dict[str, Any] = {k: getattr(config, k) for k in keys if getattr(config, k)}
+    if config.inputs_from and config.samples_per_upstream > 1:
+        source["samples_per_upstream"] = config.samples_per_upstream
     return source or None
 
 
