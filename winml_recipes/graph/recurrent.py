@@ -124,6 +124,9 @@ def _state(emit: Emitter, value: ir.Value | None, d: int, layout: int) -> ir.Val
     """Direction d's initial state as [1, batch, hidden] (None: zeros)."""
     if value is None or not value.name:
         return None
+    known = constant(value)
+    if known is not None and not known.any():
+        return None  # a zero state (exporters write one when none is given)
     if layout == 1:  # [batch, dirs, hidden] -> [dirs, batch, hidden]
         value = emit.op("Transpose", [value], perm=[1, 0, 2])
     return _slice(emit, value, d, d + 1, 0)
