@@ -446,7 +446,7 @@ def test_all_targets_builds_each_declared_target(proj: Project) -> None:
     ]
     for target, passes, batch in (
         ("cpu-fp32", ["export", "normalize", "verify"], "batch"),
-        ("npu-fp32", ["export", "normalize", "fix_shapes", "verify"], 2),
+        ("npu-fp32", ["export", "normalize", "fix_shapes", "prepare", "verify"], 2),
     ):
         out = proj.out / "r" / target
         manifest = json.loads((out / "manifest.json").read_text())
