@@ -10,6 +10,7 @@ became a constant; those are recorded under their own rule.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -35,9 +36,29 @@ class FoldResult:
     rounds: int = 0
 
 
-def _should_fold(node: ir.Node) -> bool | None:
+# Scatter inputs (data, updates) that stay computed: sam3-tiny's decoder, folded, had its
+# last ScatterElements' updates become a quantized initializer, and QNN HTP then failed to
+# finalize the w8a16 and uint8 graphs (QNN_COMMON_ERROR_MEM_ALLOC; the same as exported
+# finalized). HTP runs what feeds them either way: nothing it refuses is kept.
+_KEEP_FEEDING = {"ScatterElements": (0, 2), "ScatterND": (0, 2), "Scatter": (0, 2)}
+
+
+def _scatter_operands(graph: ir.Graph) -> set[int]:
+    """ids of the values a scatter reads as data or updates."""
+    out: set[int] = set()
+    for node in graph:
+        for k in _KEEP_FEEDING.get(node.op_type, ()) if node.domain == "" else ():
+            if k < len(node.inputs) and node.inputs[k] is not None:
+                out.add(id(node.inputs[k]))
+    return out
+
+
+def _should_fold(node: ir.Node, keep: set[int]) -> bool | None:
     """ConstantOfShape is on the folder's keep list (to keep files small); with a constant
-    shape its size is checked by the output limit like any other folded tensor."""
+    shape its size is checked by the output limit like any other folded tensor. Values a
+    scatter reads as data or updates are not folded (see _KEEP_FEEDING)."""
+    if any(id(v) in keep for v in node.outputs):
+        return False
     if node.op_type == "ConstantOfShape" and node.domain == "":
         shape = node.inputs[0] if node.inputs else None
         return True if shape is not None and shape.const_value is not None else None
@@ -55,12 +76,13 @@ def fold_constants(
     result = FoldResult()
     for _ in range(MAX_ROUNDS):
         result.rounds += 1
+        keep = _scatter_operands(model.graph)
         changed = fold_constants_ir(
             model,
             onnx_shape_inference=True,
             input_size_limit=max_elements,
             output_size_limit=max_elements,
-            should_fold=_should_fold,
+            should_fold=functools.partial(_should_fold, keep=keep),
         ).modified
         changed |= common.RemoveUnusedNodesPass()(model).modified
         if not changed:
