@@ -112,6 +112,7 @@ def test_a_piped_build_prints_one_line_per_step(tmp_path) -> None:
         "mlp cpu/fp32, npu/fp32 model: normalize",
         "mlp cpu/fp32 model: verify",
         "mlp npu/fp32 model: fix_shapes",
+        "mlp npu/fp32 model: prepare",
         "mlp npu/fp32 model: verify",
     ]
     assert steps[0].split(" [")[1].startswith("skipped] in ")

@@ -37,8 +37,8 @@ def test_sam3_tiny_targets_share_exports_and_npu_shape_fixing() -> None:
     for node in first.values():
         assert node.label.split("[")[1].startswith("export")
         assert _targets(graph, names, node) == set(names)
-    # the npu targets fix shapes alike: one task per component for both
-    fixing = [n for n in steps if n.label.endswith("[fix_shapes]")]
+    # the npu targets fix shapes (and the encoder's prepare) alike: one task per component
+    fixing = [n for n in steps if n.label.endswith(("[fix_shapes]", "[fix_shapes, prepare]"))]
     assert len(fixing) == 2
     assert all(_targets(graph, names, n) == {"npu/w8a16", "npu/uint8"} for n in fixing)
     # every quantize is its target's own

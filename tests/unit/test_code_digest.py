@@ -53,3 +53,17 @@ def test_builtin_passes_have_distinct_digests() -> None:
 
     digests = {name: cd.code_digest(cls) for name, cls in all_passes().items()}
     assert len(set(digests.values())) == len(digests)
+
+
+def test_imports_after_a_plain_import_line_are_found() -> None:
+    """`from x import a` followed by more import lines: the names end with the line (the
+    prepare pass's rule modules were missing from its key, so edits to them hit the cache)."""
+    from winml_recipes.engine.code_digest import _imports
+
+    text = (
+        "from typing import Any\n\nimport onnx\n\nfrom pkg.fold import A, b\n"
+        "from pkg.other import (\n    C,\n    d,\n)\nimport pkg.last\n"
+    )
+    found = _imports(text, "pkg.main", "pkg")
+    assert {"pkg.fold", "pkg.fold.b", "pkg.other", "pkg.other.d", "pkg.last"} <= set(found)
+    assert not [m for m in found if m.endswith((".from", ".import", ".pkg"))]

@@ -179,7 +179,9 @@ def test_recipe_without_steps_uses_presets(project: Path) -> None:
             assert [s.name for s in steps] == expected
             assert all(s.options == {} and s.line == 0 for s in steps)
     assert default_steps(Target("cpu", "fp32")) == ["export", "normalize", "verify"]
-    assert default_steps(Target("npu", "fp32")) == ["export", "normalize", "fix_shapes", "verify"]
+    assert default_steps(Target("npu", "fp32")) == [
+        "export", "normalize", "fix_shapes", "prepare", "verify"
+    ]
 
 
 def test_component_steps_and_dims_override(project: Path) -> None:

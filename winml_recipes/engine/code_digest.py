@@ -15,7 +15,12 @@ import sys
 from functools import cache
 from pathlib import Path
 
-_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import\s+([\w\s,()]+)|import\s+([\w.]+))", re.M)
+# The names of a `from` import end with its line unless they are in parentheses (`\s` would
+# run on into the next lines and swallow the imports there).
+_IMPORT = re.compile(
+    r"^[ \t]*(?:from[ \t]+([\w.]+)[ \t]+import[ \t]+(\([\w\s,]+\)|[\w \t,]+)|import[ \t]+([\w.]+))",
+    re.M,
+)
 
 
 def code_digest(cls: type) -> str:
