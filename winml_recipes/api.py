@@ -166,6 +166,7 @@ def build_onnx(
     calibration_data: str | None = None,
     eval_data: str | None = None,
     allow_calibration_overlap: bool = False,
+    task: str | None = None,
     **kwargs: Any,
 ) -> BuildResult:
     """Build a local ONNX file from the presets, without writing a recipe.
@@ -195,7 +196,7 @@ def build_onnx(
     note = None
     with tempfile.TemporaryDirectory(prefix="winml-adhoc-") as tmp:
         try:
-            recipe = write_adhoc_project(
+            recipe, task_note = write_adhoc_project(
                 model,
                 Path(tmp),
                 device,
@@ -204,7 +205,10 @@ def build_onnx(
                 calibration_data=calibration_data,
                 eval_data=eval_data,
                 allow_calibration_overlap=allow_calibration_overlap,
+                task=task,
             )
+            if kwargs.get("reporter") is not None:
+                kwargs["reporter"].message(task_note)
             note = None if calibration_data else synthetic_calibration_note(model, precision)
             if note and kwargs.get("reporter") is not None:
                 kwargs["reporter"].message(note)

@@ -110,6 +110,7 @@ def onnx_entry(
     from winml_recipes.onnx.digest import value_info_dict
     from winml_recipes.onnx.inputs import dim_names, specs_from_model
     from winml_recipes.onnx.io import load_model
+    from winml_recipes.tasks import guess_task
 
     model = load_model(model_path, load_external_data=False)
     specs, dims = specs_from_model(model)
@@ -126,17 +127,19 @@ def onnx_entry(
                 for i, d in enumerate(shape)
             ]
         }
+    inputs = {s.name: _tensor(s) for s in specs}
+    task, _why = guess_task(inputs, outputs)
     entry = {
         "schema_version": 1,
         "name": name,
-        "task": "unknown",
+        "task": task,
         "license": "unknown",
         "description": f"Generated from {model_path.name}",
         "components": {
             "model": {
                 "source": {"ref": str(model_path.resolve())},
                 "dims": dims,
-                "inputs": {s.name: _tensor(s) for s in specs},
+                "inputs": inputs,
                 "outputs": outputs,
             }
         },
@@ -153,7 +156,8 @@ def write_adhoc_project(
     calibration_data: str | None = None,
     eval_data: str | None = None,
     allow_calibration_overlap: bool = False,
-) -> Path:
+    task: str | None = None,
+) -> tuple[Path, str]:
     """root/catalog/NAME.yaml + root/recipes/NAME.yaml for one target; returns the recipe.
 
     Every dynamic dim needs a value from --shape (batch-like dims default to 1). Data (an
@@ -163,6 +167,8 @@ def write_adhoc_project(
     """
     name = re.sub(r"[^A-Za-z0-9._-]", "-", model_path.stem) or "model"
     entry, _ = onnx_entry(model_path, name, shapes)
+    if task is not None:
+        entry["task"] = task
     specs = [
         TensorSpec(n, t["dtype"], tuple(t["shape"]))
         for n, t in entry["components"]["model"]["inputs"].items()
@@ -203,7 +209,26 @@ def write_adhoc_project(
         )
     path = root / "recipes" / f"{name}.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    return path
+    return path, task_line(entry, given=task is not None)
+
+
+def task_line(entry: dict, given: bool = False) -> str:
+    """One line: the task a generated entry says and the metric verify will judge it by."""
+    from winml_recipes.sdk.contract import IOContract, TensorSpec
+    from winml_recipes.sdk.metrics import metric_for
+    from winml_recipes.tasks import guess_task
+
+    comp = entry["components"]["model"]
+    task = entry["task"]
+    why = "as given" if given else guess_task(comp["inputs"], comp["outputs"])[1]
+    contract = IOContract(
+        outputs=tuple(
+            TensorSpec(n, "float32", tuple(o["shape"])) for n, o in comp["outputs"].items()
+        )
+    )
+    metric = metric_for(task, contract)
+    judged = f"verify judges it by {metric.name}" if metric else "verify gates each output"
+    return f"task: {task} ({why}); {judged}; --task to change"
 
 
 def synthetic_calibration_note(model_path: Path, precision: str) -> str | None:

@@ -250,6 +250,13 @@ def plan(recipe, device, precision, defines, catalog_dir, source, as_json) -> No
     "seeded synthetic inputs).",
 )
 @click.option(
+    "--task",
+    metavar="TASK",
+    help="With --onnx: the model's task, which picks the task metric verify judges it by "
+    "(image-classification, text-classification, feature-extraction, semantic-segmentation, "
+    "mask-generation, ...; default: guessed from the graph, else unknown).",
+)
+@click.option(
     "--allow-calibration-overlap",
     is_flag=True,
     help="With --onnx: verify on --eval-data even where it holds calibration samples (said in "
@@ -277,6 +284,7 @@ def build(
     shapes,
     calibration_data,
     eval_data,
+    task,
     allow_calibration_overlap,
 ) -> None:
     """Build a recipe for one target (default: its first) or --all-targets.
@@ -313,6 +321,7 @@ def build(
                 calibration_data=calibration_data,
                 eval_data=eval_data,
                 allow_calibration_overlap=allow_calibration_overlap,
+                task=task,
                 output_root=output_root,
                 use_cache=not no_cache,
                 reporter=reporter,
@@ -324,10 +333,10 @@ def build(
         else:
             _print_summary(result.manifest, result.output_dir)
         return
-    if shapes or calibration_data or eval_data or allow_calibration_overlap:
+    if shapes or calibration_data or eval_data or allow_calibration_overlap or task:
         raise RecipeError(
-            "--shape, --calibration-data, --eval-data and --allow-calibration-overlap are only "
-            "for --onnx; recipes take "
+            "--shape, --calibration-data, --eval-data, --task and --allow-calibration-overlap "
+            "are only for --onnx; recipes take "
             "shapes from the catalog and data from quantize.calibration and verify (npz, images)"
         )
     if recipe is None:

@@ -154,3 +154,50 @@ def test_a_third_party_metric_from_an_entry_point_is_used(tmp_path: Path) -> Non
     # its default gate held the build: the damaged classifier's uint8 logits lose their signs
     assert done.returncode == 3, done.stderr
     assert "task: same_sign 0 (gate >= 0.5, margin -0.5) FAIL" in done.stderr
+
+
+def _image_classifier(path: Path) -> Path:
+    """x[1, 3, 32, 32] -> Conv -> Relu -> GlobalAveragePool -> Flatten -> MatMul -> [1, 10]."""
+    rng = np.random.default_rng(7)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "cw"),
+        numpy_helper.from_array(rng.standard_normal((8, 10)).astype(np.float32), "fw"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "cw"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("GlobalAveragePool", ["r"], ["p"], name="pool"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flat"),
+        helper.make_node("MatMul", ["f", "fw"], ["logits"], name="fc"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", F, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("logits", F, [1, 10])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    onnx.save(model, str(path))
+    return path
+
+
+def test_build_onnx_guesses_the_task_and_says_which_metric(tmp_path: Path) -> None:
+    """An image in, [batch, classes] out: image-classification, judged by top-1/top-5
+    agreement on the 8 held-out photographs; --task picks another."""
+    path = _image_classifier(tmp_path / "clf.onnx")
+    base = ("build", "--onnx", path, "--device", "cpu", "--precision", "int8", "--json")
+    done = cli(*base, "-o", tmp_path / "o")
+    assert done.exit_code == 0, done.stderr
+    assert (
+        "task: image-classification (image input x, one [batch, classes] output); verify "
+        "judges it by top-k-agreement; --task to change" in done.stderr
+    )
+    steps = json.loads(done.stdout)["components"]["model"]["steps"]
+    task = next(s for s in steps if s["pass"] == "verify")["metrics"]["task_metric"]
+    assert task["metric"] == "top-k-agreement" and task["values"]["samples"] == 8
+    done = cli(*base, "-o", tmp_path / "p", "--task", "feature-extraction")
+    assert done.exit_code == 0, done.stderr
+    assert (
+        "task: feature-extraction (as given); verify judges it by embedding-cosine" in done.stderr
+    )

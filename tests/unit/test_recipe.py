@@ -180,7 +180,11 @@ def test_recipe_without_steps_uses_presets(project: Path) -> None:
             assert all(s.options == {} and s.line == 0 for s in steps)
     assert default_steps(Target("cpu", "fp32")) == ["export", "normalize", "verify"]
     assert default_steps(Target("npu", "fp32")) == [
-        "export", "normalize", "fix_shapes", "prepare", "verify"
+        "export",
+        "normalize",
+        "fix_shapes",
+        "prepare",
+        "verify",
     ]
 
 
