@@ -212,23 +212,29 @@ def write_adhoc_project(
     return path, task_line(entry, given=task is not None)
 
 
-def task_line(entry: dict, given: bool = False) -> str:
+def task_line(entry: dict, given: bool = False, change: str = "--task") -> str:
     """One line: the task a generated entry says and the metric verify will judge it by."""
     from winml_recipes.sdk.contract import IOContract, TensorSpec
     from winml_recipes.sdk.metrics import metric_for
     from winml_recipes.tasks import guess_task
 
-    comp = entry["components"]["model"]
     task = entry["task"]
-    why = "as given" if given else guess_task(comp["inputs"], comp["outputs"])[1]
-    contract = IOContract(
-        outputs=tuple(
-            TensorSpec(n, "float32", tuple(o["shape"])) for n, o in comp["outputs"].items()
+    judged = []
+    for cname, comp in entry["components"].items():
+        outputs = comp.get("outputs") or {}
+        specs = tuple(
+            TensorSpec(n, "float32", tuple(o.get("shape", ()))) for n, o in outputs.items()
         )
-    )
-    metric = metric_for(task, contract)
-    judged = f"verify judges it by {metric.name}" if metric else "verify gates each output"
-    return f"task: {task} ({why}); {judged}; --task to change"
+        metric = metric_for(task, IOContract(outputs=specs))
+        judged.append(f"{cname} by {metric.name}" if metric else f"{cname} by per-output gates")
+    comp = entry["components"].get("model", {})
+    if given:
+        why = "as given"
+    elif "inputs" in comp and "outputs" in comp:
+        why = guess_task(comp["inputs"], comp["outputs"])[1]
+    else:
+        why = "from the model's config"
+    return f"task: {task} ({why}); verify judges {', '.join(judged)}; {change} to change"
 
 
 def synthetic_calibration_note(model_path: Path, precision: str) -> str | None:

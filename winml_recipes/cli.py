@@ -930,12 +930,16 @@ def init(model_ref, name, catalog_dir, recipes_dir) -> None:
     MODEL_REF: a local .onnx or HF directory, a Hub ONNX file org/repo/path.onnx, or an HF
     model id. Prints the commands that validate and build the project from here.
     """
-    from winml_recipes.authoring import init_project, next_commands
+    import yaml
+
+    from winml_recipes.authoring import init_project, next_commands, task_line
 
     catalog_path, recipe_path = init_project(
         model_ref, name=name, catalog_dir=catalog_dir, recipes_dir=recipes_dir
     )
     click.echo(f"wrote {catalog_path}\nwrote {recipe_path}")
+    entry = yaml.safe_load(catalog_path.read_text(encoding="utf-8"))
+    click.echo(task_line(entry, change=f"the task in {catalog_path.name}"))
     for command in next_commands(catalog_path, recipe_path):
         click.echo(f"next: {command}")
 

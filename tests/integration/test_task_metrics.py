@@ -191,7 +191,7 @@ def test_build_onnx_guesses_the_task_and_says_which_metric(tmp_path: Path) -> No
     assert done.exit_code == 0, done.stderr
     assert (
         "task: image-classification (image input x, one [batch, classes] output); verify "
-        "judges it by top-k-agreement; --task to change" in done.stderr
+        "judges model by top-k-agreement; --task to change" in done.stderr
     )
     steps = json.loads(done.stdout)["components"]["model"]["steps"]
     task = next(s for s in steps if s["pass"] == "verify")["metrics"]["task_metric"]
@@ -199,5 +199,6 @@ def test_build_onnx_guesses_the_task_and_says_which_metric(tmp_path: Path) -> No
     done = cli(*base, "-o", tmp_path / "p", "--task", "feature-extraction")
     assert done.exit_code == 0, done.stderr
     assert (
-        "task: feature-extraction (as given); verify judges it by embedding-cosine" in done.stderr
+        "task: feature-extraction (as given); verify judges model by embedding-cosine"
+        in done.stderr
     )
