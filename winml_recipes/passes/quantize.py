@@ -249,9 +249,15 @@ def _static(
         if replace_sentinel_constants(model, sentinels):
             src = save_model(model, ctx.work_dir / "finite-sentinels" / "model.onnx")
     shared: list[list[str]] = []
+    widened: list[str] = []
     if cfg.qnn:
-        from winml_recipes.quant.qnn_rules import shared_encoding_groups, unify_ranges
+        from winml_recipes.quant.qnn_rules import (
+            shared_encoding_groups,
+            unify_ranges,
+            widen_softmax_inputs,
+        )
 
+        ranges, widened = widen_softmax_inputs(model, ranges)
         shared = shared_encoding_groups(model, tensors)
         ranges = unify_ranges(ranges, shared)
     ranges_path = ctx.work_dir / "ranges.json"
@@ -272,6 +278,7 @@ def _static(
         "tensor_overrides": sorted(overrides),
         "float_nodes": exclude,
         "shared_encodings": shared,
+        "widened_softmax_inputs": widened,
         "zero_constant_nodes_bypassed": dropped,
         "htp_rewrites": rewrites,
         # activations with infinite values (additive masks): no range, left in float

@@ -83,7 +83,12 @@ def quantize_static_qdq(
             "weight_type": qcfg.weight_type,
             "nodes_to_quantize": qcfg.nodes_to_quantize,
             "nodes_to_exclude": qcfg.nodes_to_exclude,
-            "extra_options": qcfg.extra_options,
+            # onnxruntime's quantizer leaves a Where (and Reshape, Gather, ...) in float when
+            # one of its inputs is not already quantized, e.g. a float constant: SAM 3's
+            # `where(label == -1, not_a_point_embed, x)`. A float node between quantized ones
+            # fails HTP's graph finalize with QNN_COMMON_ERROR_MEM_ALLOC (measured in a
+            # four-node graph, onnxruntime-qnn 2.7); forced, the constant is quantized too.
+            "extra_options": {**qcfg.extra_options, "ForceQuantizeNoInputCheck": True},
         }
     else:
         extra: dict[str, Any] = {

@@ -20,6 +20,7 @@ after.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 import onnx
@@ -91,6 +92,43 @@ def unify_ranges(
         for t in group:
             out[t] = (low, high)
     return out
+
+
+# HTP's 16-bit Softmax is wrong when its input's quantization step is below 2^-18 / log2(e)
+# (the step seen in base 2): the output keeps summing to 1 but is off by up to 0.05, as if
+# the step rounded to zero (measured with Q -> Softmax -> Q on uniform inputs of span
+# 0.172: 16 dB against the CPU EP; span 0.174: 73 dB). Nearly uniform attention (a model
+# with small logits, as SAM 3's two-way transformer) has such spans. Widening the input's
+# range to a span of at least 65535 steps of that size is exact enough (a step of 2.6e-6
+# in the logits) and keeps HTP right; 8-bit inputs then lose nothing that their 8-bit
+# output could show.
+SOFTMAX_MIN_INPUT_SPAN = 65535 * 2.0**-18 / math.log2(math.e) * 1.01
+
+
+def widen_softmax_inputs(
+    model: onnx.ModelProto, ranges: Mapping[str, tuple[float, float]]
+) -> tuple[dict[str, tuple[float, float]], list[str]]:
+    """Ranges with every Softmax input spanning at least SOFTMAX_MIN_INPUT_SPAN (and the
+    tensors that share its encoding upstream), and the names widened."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    out = dict(ranges)
+    widened: list[str] = []
+    for node in model.graph.node:
+        if node.op_type != "Softmax" or not node.input:
+            continue
+        tensor = node.input[0]
+        chain = [tensor]
+        while (up := producer.get(chain[-1])) is not None and up.op_type in SAME_AS_INPUT:
+            chain.append(up.input[0])  # onnxruntime encodes these outputs like input 0
+        for name in chain:
+            if name not in out:
+                continue
+            low, high = min(out[name][0], 0.0), max(out[name][1], 0.0)
+            grow = SOFTMAX_MIN_INPUT_SPAN - (high - low)
+            if grow > 0:
+                out[name] = (low - grow / 2, high + grow / 2)
+                widened.append(name)
+    return out, list(dict.fromkeys(widened))
 
 
 # Add/Sub of an all-zero constant followed by a Relu that the quantizer folds into the Q/DQ
@@ -197,10 +235,11 @@ def simplify_for_htp(model: onnx.ModelProto) -> dict[str, int]:
     """Identity removal, Transpose pairs that cancel, channel scatters as elementwise ops,
     inference BatchNormalization as Mul + Add, a Where choosing between two float scalar
     constants as arithmetic, erf GELUs as one Gelu, and chains of elementwise ops by constants
-    merged. Returns counts per rewrite."""
+    merged, and scatters of constants at constant positions as a Mul and an Add. Returns
+    counts per rewrite."""
     counts = {
         "identities": 0, "transpose_pairs": 0, "channel_scatters": 0, "merged": 0,
-        "batchnorms": 0, "constant_wheres": 0, "gelus": 0,
+        "batchnorms": 0, "constant_wheres": 0, "gelus": 0, "constant_scatters": 0,
     }  # fmt: skip
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
            for n in model.graph.node for a in n.attribute):  # fmt: skip
@@ -211,6 +250,7 @@ def simplify_for_htp(model: onnx.ModelProto) -> dict[str, int]:
     counts["gelus"] += _fuse_erf_gelus(model)
     counts["transpose_pairs"] += _cancel_transposes(model)
     counts["channel_scatters"] += _scatters_to_elementwise(model)
+    counts["constant_scatters"] += _constant_scatters_to_arithmetic(model)
     _drop_dead(model)  # the Gathers that fed the scatters: merging needs single readers
     counts["identities"] += _drop_identities(model)
     counts["merged"] += _merge_constant_chains(model)
@@ -347,6 +387,83 @@ def _scatters_to_elementwise(model: onnx.ModelProto) -> int:
         )
         rewritten += 1
     return rewritten
+
+
+def _constant_scatters_to_arithmetic(model: onnx.ModelProto) -> int:
+    """ScatterElements / ScatterND writing constant updates at constant indices into a
+    tensor of static shape -> x * keep + table (keep 0 where written, 1 elsewhere; table the
+    updates where written, 0 elsewhere): exact for finite x.
+
+    HTP writes a scatter's update integers into the data with the data's encoding (see the
+    module docstring); a constant update is quantized as a weight with its own scale, so
+    the written values come out wrong (SAM 3's box corners from another exporter:
+    `corner[:, :, 2] = not_a_point_embed`, 5.5 dB against the CPU EP on that tensor). As
+    a Mul and an Add by constants, every tensor keeps its own encoding and HTP requantizes.
+    """
+    import numpy as np
+    from onnx import numpy_helper
+
+    graph = model.graph
+    shapes = _shapes(model)
+    producer = {o: n for n in graph.node for o in n.output}
+    rewritten = 0
+    for node in list(graph.node):
+        if node.op_type not in ("ScatterElements", "ScatterND") or len(node.input) != 3:
+            continue
+        if any(a.name == "reduction" and a.s not in (b"", b"none") for a in node.attribute):
+            continue
+        data, indices, updates = node.input
+        shape = shapes.get(data)
+        index = _constant_or_expanded(model, producer, indices, shapes)
+        values = _constant(model, updates)
+        if not shape or any(d is None for d in shape) or index is None or values is None:
+            continue
+        if values.dtype.kind != "f" or index.dtype.kind not in "iu":
+            continue
+        keep = np.ones(shape, dtype=values.dtype)
+        table = np.zeros(shape, dtype=values.dtype)
+        try:
+            if node.op_type == "ScatterElements":
+                axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % len(shape)
+                where = index % shape[axis]
+                values = np.broadcast_to(values, where.shape)
+                np.put_along_axis(keep, where, 0, axis)
+                np.put_along_axis(table, where, values, axis)
+            else:
+                where = tuple(np.moveaxis(index, -1, 0) % np.array(shape[: index.shape[-1]])
+                              .reshape(-1, *[1] * (index.ndim - 1)))  # fmt: skip
+                keep[where] = 0
+                table[where] = values
+        except (ValueError, IndexError):
+            continue  # shapes the op would refuse: left as it is
+        base = node.output[0]
+        k_name, t_name, mid = f"{base}_scatter_keep", f"{base}_scatter_table", f"{base}_kept"
+        graph.initializer.extend(
+            [numpy_helper.from_array(keep, k_name), numpy_helper.from_array(table, t_name)]
+        )
+        at = list(graph.node).index(node)
+        graph.node.remove(node)
+        graph.node.insert(at, onnx.helper.make_node(
+            "Add", [mid, t_name], [base], name=f"{node.name or base}_table"))  # fmt: skip
+        graph.node.insert(at, onnx.helper.make_node(
+            "Mul", [data, k_name], [mid], name=f"{node.name or base}_keep"))  # fmt: skip
+        rewritten += 1
+    return rewritten
+
+
+def _constant_or_expanded(model: onnx.ModelProto, producer, name: str, shapes):
+    """A constant, or an Expand of a constant to a static shape, as an array (else None)."""
+    import numpy as np
+
+    value = _constant(model, name)
+    if value is not None:
+        return value
+    node = producer.get(name)
+    shape = shapes.get(name)
+    if node is None or node.op_type != "Expand" or not shape or None in shape:
+        return None
+    value = _constant(model, node.input[0])
+    return None if value is None else np.broadcast_to(value, shape)
 
 
 def _batchnorms_to_elementwise(model: onnx.ModelProto) -> int:
