@@ -119,6 +119,20 @@ def quantize_static_qdq(
         )
     adopt_sidecars(out)
     restore_float_inputs(out, exclude)
+    if cfg.qnn:
+        _fold_nan_guards(out)
+
+
+def _fold_nan_guards(path: Path) -> None:
+    from winml_recipes.onnx.io import load_model, save_model
+    from winml_recipes.quant.qnn_rules import fold_nan_guards
+
+    # the graph alone first: weights are loaded (and the model rewritten) only when needed
+    if not fold_nan_guards(load_model(path, load_external_data=False)):
+        return
+    model = load_model(path)
+    fold_nan_guards(model)
+    save_model(model, path)
 
 
 def _typed(overrides: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:

@@ -131,6 +131,39 @@ def widen_softmax_inputs(
     return out, list(dict.fromkeys(widened))
 
 
+def fold_nan_guards(model: onnx.ModelProto) -> int:
+    """In a QDQ graph, `Where(IsNaN(t), v, t)` with t a DequantizeLinear output -> t.
+
+    A dequantized value is never NaN, so the guard (what exporters write for SDPA's
+    `softmax.masked_fill(isnan, 0)`) selects t everywhere: exact in the quantized graph.
+    HTP cannot finalize a graph where a boolean made from quantized values (IsNaN of a
+    DQ output, then Where) feeds quantized ops: QNN_COMMON_ERROR_MEM_ALLOC in a five-node
+    graph, and in every dynamo-exported BERT (measured, onnxruntime-qnn 2.7). Returns the
+    guards removed.
+    """
+    graph = model.graph
+    producer = {o: n for n in graph.node for o in n.output}
+    consumers = _consumers(graph)
+    outputs = {o.name for o in graph.output}
+    folded = 0
+    for check in [n for n in graph.node if n.op_type in ("IsNaN", "IsInf")]:
+        tensor = check.input[0]
+        source = producer.get(tensor)
+        if source is None or source.op_type != "DequantizeLinear":
+            continue
+        for where in consumers.get(check.output[0], []):
+            if where.op_type != "Where" or list(where.input[::2]) != [check.output[0], tensor]:
+                continue
+            if where.output[0] in outputs:
+                continue
+            _rewire(graph, where.output[0], tensor)  # its Q now requantizes t
+            graph.node.remove(where)
+            folded += 1
+    if folded:
+        _drop_dead(model)
+    return folded
+
+
 # Add/Sub of an all-zero constant followed by a Relu that the quantizer folds into the Q/DQ
 # pair is wrong on HTP (3 dB SQNR against 95 dB on the CPU EP, in a two-node graph); the
 # same Add with a constant of 1e-6, or without the Relu, is right. SAM 3's mask decoder has
@@ -235,11 +268,12 @@ def simplify_for_htp(model: onnx.ModelProto) -> dict[str, int]:
     """Identity removal, Transpose pairs that cancel, channel scatters as elementwise ops,
     inference BatchNormalization as Mul + Add, a Where choosing between two float scalar
     constants as arithmetic, erf GELUs as one Gelu, and chains of elementwise ops by constants
-    merged, and scatters of constants at constant positions as a Mul and an Add. Returns
-    counts per rewrite."""
+    merged, scatters of constants at constant positions as a Mul and an Add, and GatherND at
+    constant indices as a Reshape (and Gather). Returns counts per rewrite."""
     counts = {
         "identities": 0, "transpose_pairs": 0, "channel_scatters": 0, "merged": 0,
         "batchnorms": 0, "constant_wheres": 0, "gelus": 0, "constant_scatters": 0,
+        "constant_gathernds": 0,
     }  # fmt: skip
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
            for n in model.graph.node for a in n.attribute):  # fmt: skip
@@ -251,6 +285,7 @@ def simplify_for_htp(model: onnx.ModelProto) -> dict[str, int]:
     counts["transpose_pairs"] += _cancel_transposes(model)
     counts["channel_scatters"] += _scatters_to_elementwise(model)
     counts["constant_scatters"] += _constant_scatters_to_arithmetic(model)
+    counts["constant_gathernds"] += _constant_gathernds_to_gather(model)
     _drop_dead(model)  # the Gathers that fed the scatters: merging needs single readers
     counts["identities"] += _drop_identities(model)
     counts["merged"] += _merge_constant_chains(model)
@@ -447,6 +482,65 @@ def _constant_scatters_to_arithmetic(model: onnx.ModelProto) -> int:
             "Add", [mid, t_name], [base], name=f"{node.name or base}_table"))  # fmt: skip
         graph.node.insert(at, onnx.helper.make_node(
             "Mul", [data, k_name], [mid], name=f"{node.name or base}_keep"))  # fmt: skip
+        rewritten += 1
+    return rewritten
+
+
+def _constant_gathernds_to_gather(model: onnx.ModelProto) -> int:
+    """GatherND(x, constant indices) -> Reshape(x, [n, *rest]) -> Gather(axis 0, flat
+    indices), or a single Reshape when the flat indices are 0..n-1 in order; exact.
+
+    HTP refuses GatherND; dynamo's BERT export reads its attention mask that way
+    (`mask[None, None, :, :]` as GatherND with indices [[0, 0], [0, 1], ...]).
+    """
+    import numpy as np
+    from onnx import numpy_helper
+
+    graph = model.graph
+    shapes = _shapes(model)
+    rewritten = 0
+    for node in list(graph.node):
+        if node.op_type != "GatherND":
+            continue
+        if any(a.name == "batch_dims" and a.i for a in node.attribute):
+            continue
+        index = _constant(model, node.input[1])
+        shape = shapes.get(node.input[0])
+        if index is None or index.ndim < 1 or not shape or None in shape:
+            continue
+        k = index.shape[-1]
+        if k > len(shape) or index.dtype.kind not in "iu":
+            continue
+        lead, rest = np.array(shape[:k]), shape[k:]
+        if not ((-lead <= index) & (index < lead)).all():
+            continue  # out of range: the op would fail, left as it is
+        flat = np.ravel_multi_index(tuple(np.moveaxis(index % lead, -1, 0)), lead)
+        count = int(np.prod(lead))
+        out_shape = [*index.shape[:-1], *rest]
+        base = node.output[0]
+        at = list(graph.node).index(node)
+        graph.node.remove(node)
+        new: list[onnx.NodeProto] = []
+        if flat.size == count and (flat.ravel() == np.arange(count)).all():
+            source = node.input[0]
+        else:
+            flat_name, rows = f"{base}_flat_shape", f"{base}_rows"
+            graph.initializer.extend([
+                numpy_helper.from_array(np.array([count, *rest], np.int64), flat_name),
+                numpy_helper.from_array(flat.astype(np.int64), f"{base}_flat_indices"),
+            ])  # fmt: skip
+            new += [
+                onnx.helper.make_node("Reshape", [node.input[0], flat_name], [rows]),
+                onnx.helper.make_node("Gather", [rows, f"{base}_flat_indices"], [f"{base}_picked"]),
+            ]
+            source = f"{base}_picked"
+        graph.initializer.append(
+            numpy_helper.from_array(np.array(out_shape, np.int64), f"{base}_shape")
+        )
+        new.append(onnx.helper.make_node("Reshape", [source, f"{base}_shape"], [base]))
+        for j, n in enumerate(new):
+            n.name = f"{node.name or base}_{j}"
+            graph.node.insert(at + j, n)
         rewritten += 1
     return rewritten
 
