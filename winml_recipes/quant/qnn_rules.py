@@ -164,6 +164,50 @@ def fold_nan_guards(model: onnx.ModelProto) -> int:
     return folded
 
 
+# HTP cannot finalize (QNN_COMMON_ERROR_MEM_ALLOC) a 16-bit Add whose input's scale is more
+# than 2^13 times its output's: measured by changing only the output's scale of one Add,
+# ratio 8191 finalizes and 8193 does not. An Add whose inputs cancel on every calibration
+# sample has such an output range (an attention mask `cond * 32 + -32` calibrated on
+# unpadded inputs only: 0 every time, so onnxruntime's minimum range of 1e-4). Its range
+# is widened to 1/8192 of its widest input's; the values seen are kept exactly as well.
+ADD_MAX_SCALE_RATIO = 8192.0
+
+
+def widen_add_outputs(
+    model: onnx.ModelProto, ranges: Mapping[str, tuple[float, float]]
+) -> tuple[dict[str, tuple[float, float]], list[str]]:
+    """Ranges with every Add/Sub output spanning at least 1/ADD_MAX_SCALE_RATIO of its
+    widest input (calibrated, or a constant's values), and the names widened."""
+    import numpy as np
+
+    out = dict(ranges)
+    widened: list[str] = []
+
+    def span(name: str) -> float | None:
+        if name in out:
+            low, high = out[name]
+            return max(high, 0.0) - min(low, 0.0)
+        value = _constant(model, name)
+        if value is None or value.dtype.kind != "f" or not value.size:
+            return None
+        return float(max(value.max(), 0.0) - min(value.min(), 0.0))
+
+    for node in model.graph.node:
+        if node.op_type not in ("Add", "Sub") or node.output[0] not in out:
+            continue
+        spans = [v for v in map(span, node.input) if v is not None and np.isfinite(v)]
+        if not spans:
+            continue
+        need = max(spans) / ADD_MAX_SCALE_RATIO * 1.01
+        name = node.output[0]
+        low, high = min(out[name][0], 0.0), max(out[name][1], 0.0)
+        if high - low < need:
+            grow = need - (high - low)
+            out[name] = (low - grow / 2, high + grow / 2)
+            widened.append(name)
+    return out, widened
+
+
 # Add/Sub of an all-zero constant followed by a Relu that the quantizer folds into the Q/DQ
 # pair is wrong on HTP (3 dB SQNR against 95 dB on the CPU EP, in a two-node graph); the
 # same Add with a constant of 1e-6, or without the Relu, is right. SAM 3's mask decoder has
@@ -273,11 +317,12 @@ def simplify_for_htp(model: onnx.ModelProto) -> dict[str, int]:
     counts = {
         "identities": 0, "transpose_pairs": 0, "channel_scatters": 0, "merged": 0,
         "batchnorms": 0, "constant_wheres": 0, "gelus": 0, "constant_scatters": 0,
-        "constant_gathernds": 0,
+        "constant_gathernds": 0, "folded_shape_ops": 0,
     }  # fmt: skip
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
            for n in model.graph.node for a in n.attribute):  # fmt: skip
         return counts  # subgraphs read outer names: left as they are
+    counts["folded_shape_ops"] += _fold_shape_computations(model)
     counts["identities"] += _drop_identities(model)
     counts["batchnorms"] += _batchnorms_to_elementwise(model)
     counts["constant_wheres"] += _constant_wheres_to_arithmetic(model)
@@ -291,6 +336,31 @@ def simplify_for_htp(model: onnx.ModelProto) -> dict[str, int]:
     counts["merged"] += _merge_constant_chains(model)
     _drop_dead(model)
     return counts
+
+
+# Ops that compute from shapes: once every input dim is static, what they feed is a constant.
+SHAPE_OPS = frozenset({"Shape", "Size", "Range", "ConstantOfShape"})
+
+
+def _fold_shape_computations(model: onnx.ModelProto) -> int:
+    """Constant-fold the graph (onnxscript's optimizer, its size limits) when it still
+    computes from shapes; returns the nodes removed.
+
+    HTP refuses Range and GatherND, and the rewrites here need constant operands: a
+    Hugging Face BERT exported by torch's dynamo builds its attention mask's GatherND
+    indices from Shape -> Range -> Expand, constants once `fix_shapes` ran. (The target
+    preparation step is meant to do this before quantize; then this finds nothing.)
+    """
+    if not any(n.op_type in SHAPE_OPS for n in model.graph.node):
+        return 0
+    import onnx_ir as ir
+    import onnxscript.optimizer
+
+    before = len(model.graph.node)
+    folded = ir.from_proto(model)
+    onnxscript.optimizer.optimize(folded)
+    model.CopyFrom(ir.to_proto(folded))
+    return before - len(model.graph.node)
 
 
 def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
