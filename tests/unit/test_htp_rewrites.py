@@ -107,3 +107,43 @@ def test_erf_gelu_becomes_one_gelu() -> None:
     count, ops = _same_after(model, feed, "gelus")
     assert count == 1 and ops == ["Gelu"]
     assert any(vi.name == "y" for vi in model.graph.value_info)  # typed for calibration
+
+
+@pytest.mark.parametrize("op", ["ScatterElements", "ScatterND"])
+def test_scatter_of_constants_becomes_mul_add(op: str) -> None:
+    """`x[:, :, 2] = c` (box corners' "not a point" embedding) with constant indices and
+    updates: x * keep + table, the same values."""
+    rng = np.random.default_rng(0)
+    updates = rng.normal(size=(1, 1, 1, 6)).astype(np.float32)
+    if op == "ScatterElements":
+        index = np.full((1, 1, 1, 6), 2, np.int64)
+        node = helper.make_node(op, ["x", "idx", "upd"], ["y"], axis=2)
+    else:
+        index = np.array([[[[0, 0, 2]]]], np.int64)  # [1, 1, 1, 3]: x[0, 0, 2, :]
+        node = helper.make_node(op, ["x", "idx", "upd"], ["y"])
+        updates = updates.reshape(1, 1, 1, 6)
+    model = _model(
+        [node],
+        [helper.make_tensor_value_info("x", F, [1, 1, 3, 6])],
+        [helper.make_tensor_value_info("y", F, [1, 1, 3, 6])],
+        [numpy_helper.from_array(index, "idx"), numpy_helper.from_array(updates, "upd")],
+    )
+    count, ops = _same_after(model, {"x": rng.normal(size=(1, 1, 3, 6)).astype(np.float32)},
+                             "constant_scatters")  # fmt: skip
+    assert count == 1 and ops == ["Mul", "Add"]
+
+
+@pytest.mark.parametrize("permuted", [False, True])
+def test_gathernd_at_constant_indices_becomes_reshape(permuted: bool) -> None:
+    """dynamo's BERT mask `m[None, None, :, :]` as GatherND([[0, 0], [0, 1], ...])."""
+    cols = np.arange(8)[::-1] if permuted else np.arange(8)
+    index = np.stack([np.zeros(8, np.int64), cols], -1).reshape(1, 1, 1, 8, 2)
+    model = _model(
+        [helper.make_node("GatherND", ["m", "idx"], ["y"])],
+        [helper.make_tensor_value_info("m", F, [1, 8])],
+        [helper.make_tensor_value_info("y", F, [1, 1, 1, 8])],
+        [numpy_helper.from_array(index, "idx")],
+    )
+    feed = {"m": np.arange(8, dtype=np.float32)[None]}
+    count, ops = _same_after(model, feed, "constant_gathernds")
+    assert count == 1 and ops == (["Reshape", "Gather", "Reshape"] if permuted else ["Reshape"])

@@ -110,3 +110,26 @@ def test_masks_are_drawn_as_padding() -> None:
     other = TensorSpec("flags", "int64", (2, 8), values=(0, 1))  # not a mask: uniform
     drawn = make_inputs([other], {}, 0, 4)
     assert any((np.diff(f["flags"], axis=1) > 0).any() for f in drawn)
+
+
+def test_labels_offset_or_clipped_into_a_table_stay_in_its_rows() -> None:
+    """SAM's point labels reach a 4-row embedding as `label + 1` (one export) or
+    `clamp(label, 0)` (another): drawn within what the table holds, never row 8."""
+    table = numpy_helper.from_array(np.zeros((4, 8), np.float32), "point_embed")
+    one = numpy_helper.from_array(np.array(1, np.int64), "one")
+    zero = numpy_helper.from_array(np.array(0, np.int64), "zero")
+    nodes = [
+        helper.make_node("Add", ["labels", "one"], ["shifted"]),
+        helper.make_node("Gather", ["point_embed", "shifted"], ["a"]),
+        helper.make_node("Clip", ["other", "zero"], ["clipped"]),
+        helper.make_node("Gather", ["point_embed", "clipped"], ["b"]),
+        helper.make_node("Sub", ["third", "one"], ["lowered"]),
+        helper.make_node("Gather", ["point_embed", "lowered"], ["c"]),
+    ]
+    inputs = [helper.make_tensor_value_info(n, I64, [1, 3]) for n in ("labels", "other", "third")]
+    outputs = [helper.make_tensor_value_info(n, F, [1, 3, 8]) for n in "abc"]
+    graph = helper.make_graph(nodes, "labels", inputs, outputs, [table, one, zero])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert integer_values(model, "labels") == ((-1, 3), None)
+    assert integer_values(model, "other") == ((0, 4), None)
+    assert integer_values(model, "third") == ((1, 5), None)

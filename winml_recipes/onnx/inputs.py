@@ -131,9 +131,12 @@ def names_one_dim(raw: str, tensor_dims: list[str]) -> bool:
 
 
 # Ops an integer input passes through on its way to what it indexes or masks.
+# Clip only ever moves a value into its bounds, so a value that indexes right unclipped still
+# does after it.
 _PASS_THROUGH = frozenset(
-    {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand", "Transpose"}
-)
+    {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand", "Transpose",
+     "Clip"}
+)  # fmt: skip
 _MASK_OPS = frozenset({"Not", "And", "Or", "Xor"})
 # What an image model takes when nothing says otherwise: ImageNet's normalization.
 IMAGE_MEAN = (0.485, 0.456, 0.406)
@@ -159,41 +162,75 @@ def _constant_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _small_constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Values of the integer constants with one element (initializers and Constant nodes)."""
+    from onnx import numpy_helper
+
+    tensors = {t.name: t for t in model.graph.initializer if _is_scalar(t)}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            attr = next((a for a in node.attribute if a.name == "value"), None)
+            if attr is not None and _is_scalar(attr.t):
+                tensors[node.output[0]] = attr.t
+    return {name: numpy_helper.to_array(t) for name, t in tensors.items()}
+
+
+def _is_scalar(tensor: onnx.TensorProto) -> bool:
+    return int(np.prod(tensor.dims)) == 1 and tensor.data_type in _INT_TYPES
+
+
+_INT_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32,
+                        onnx.TensorProto.INT16, onnx.TensorProto.INT8})  # fmt: skip
+
+
 def integer_values(
     model: onnx.ModelProto, name: str
 ) -> tuple[tuple[int, int] | None, tuple[int, ...] | None]:
     """(range, values) that are safe for the integer input `name`, read from the graph.
 
-    Ids that index a constant table (Gather, through casts and reshapes) stay below its row
-    count: token ids below the embedding's vocabulary, token_type_ids below its type
-    count. An input that only becomes a boolean (Cast to bool, Not/And/Or) is a mask:
-    {0, 1}. (None, None) when the graph says neither.
+    Ids that index a constant table (Gather, through casts, reshapes, Clip, and Add/Sub of
+    an integer constant) stay within its rows: token ids below the embedding's vocabulary,
+    token_type_ids below its type count, SAM's point labels (`label + 1`, or
+    `clamp(label, 0)`, into a 4-row table) in what the table holds. An input that only
+    becomes a boolean (Cast to bool, Not/And/Or) is a mask: {0, 1}. (None, None) when the
+    graph says neither.
     """
     readers = _readers(model)
     tables = _constant_shapes(model)
-    rows: list[int] = []
+    offsets = _small_constants(model)
+    bounds: list[tuple[int, int]] = []  # [low, high) of the input, per table it indexes
     boolean = False
-    seen: set[str] = set()
-    pending = [name]
+    seen: set[tuple[str, int]] = set()
+    pending = [(name, 0)]  # (tensor, what was added to the input to make it)
     while pending:
-        tensor = pending.pop()
-        if tensor in seen:
+        tensor, shift = pending.pop()
+        if (tensor, shift) in seen:
             continue
-        seen.add(tensor)
+        seen.add((tensor, shift))
         for node in readers.get(tensor, []):
             if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == tensor:
                 table = tables.get(node.input[0])
                 axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-                if table and -len(table) <= axis < len(table):
-                    rows.append(int(table[axis]))
+                if table and -len(table) <= axis < len(table) and table[axis] > 0:
+                    bounds.append((-shift, int(table[axis]) - shift))
             elif node.op_type in _MASK_OPS or (
                 node.op_type == "Cast" and _cast_to(node) == onnx.TensorProto.BOOL
             ):
                 boolean = True
             elif node.op_type in _PASS_THROUGH and node.input[0] == tensor:
-                pending.extend(node.output)
-    if rows and min(rows) > 0:
-        return (0, min(rows)), None
+                pending.extend((out, shift) for out in node.output)
+            elif node.op_type in ("Add", "Sub") and len(node.input) == 2:
+                other = node.input[1] if node.input[0] == tensor else node.input[0]
+                value = offsets.get(other)
+                if value is None or (node.op_type == "Sub" and node.input[0] != tensor):
+                    continue
+                step = int(value.ravel()[0])
+                pending.append((node.output[0], shift + (step if node.op_type == "Add" else -step)))
+    if bounds:
+        low = max(lo for lo, _ in bounds)
+        high = min(hi for _, hi in bounds)
+        if low < high:
+            return (low, high), None
     if boolean:
         return None, (0, 1)
     return None, None

@@ -257,16 +257,31 @@ def _static(
         sentinels=sentinels,
     )
     calibration_seconds = time.perf_counter() - started
-    if sentinels:
+    unseen: list[str] = []
+    if sentinels or cfg.qnn:
         from winml_recipes.onnx.io import save_model
-        from winml_recipes.quant.calibrate import replace_sentinel_constants
+        from winml_recipes.quant.calibrate import (
+            replace_sentinel_constants,
+            replace_unseen_sentinels,
+        )
 
-        if replace_sentinel_constants(model, sentinels):
+        changed = bool(sentinels) and bool(replace_sentinel_constants(model, sentinels))
+        if cfg.qnn:
+            unseen = replace_unseen_sentinels(model)
+        if changed or unseen:
             src = save_model(model, ctx.work_dir / "finite-sentinels" / "model.onnx")
     shared: list[list[str]] = []
+    widened: dict[str, list[str]] = {}
     if cfg.qnn:
-        from winml_recipes.quant.qnn_rules import shared_encoding_groups, unify_ranges
+        from winml_recipes.quant.qnn_rules import (
+            shared_encoding_groups,
+            unify_ranges,
+            widen_add_outputs,
+            widen_softmax_inputs,
+        )
 
+        ranges, widened["softmax_inputs"] = widen_softmax_inputs(model, ranges)
+        ranges, widened["add_outputs"] = widen_add_outputs(model, ranges)
         shared = shared_encoding_groups(model, tensors)
         ranges = unify_ranges(ranges, shared)
     ranges_path = ctx.work_dir / "ranges.json"
@@ -287,12 +302,16 @@ def _static(
         "tensor_overrides": sorted(overrides),
         "float_nodes": exclude,
         "shared_encodings": shared,
+        # ranges widened to what HTP can take (qnn_rules)
+        "htp_widened_ranges": widened,
         "zero_constant_nodes_bypassed": dropped,
         "htp_rewrites": rewrites,
         # activations with infinite values (additive masks): no range, left in float
         "kept_float_nonfinite": nonfinite,
         # activations holding sentinels (float32-min attention masks): range clamped
         "clamped_sentinels": sentinels,
+        # finite sentinel constants no calibration sample reached: made +-SENTINEL_DEPTH
+        "unseen_sentinel_constants": unseen,
     }
     if isinstance(feeds, UpstreamFeeds):
         metrics["upstream_forwards"] = {"computed": feeds.computed, "reused": feeds.reused}

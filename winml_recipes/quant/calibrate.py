@@ -669,6 +669,36 @@ def replace_sentinel_constants(
     return replaced
 
 
+def replace_unseen_sentinels(model: onnx.ModelProto) -> list[str]:
+    """Finite sentinel constants (|v| >= SENTINEL) left after `replace_sentinel_constants`
+    -> -SENTINEL_DEPTH / +SENTINEL_DEPTH; returns their names.
+
+    Calibration never saw what they make (an attention mask calibrated on unpadded inputs
+    only: `cond * 3.4e38 + -3.4e38` is 0 on every sample), so the ranges around them hold
+    no sentinel and the quantized graph saturates those values at the range's end whatever
+    the constant. Left as they are they become weights with a 16-bit step of 5e33, which
+    QNN HTP cannot finalize (QNN_COMMON_ERROR_MEM_ALLOC, Hugging Face BERT through the
+    tool's own exporter with synthetic masks). Infinite constants are left alone.
+    """
+    from onnx import numpy_helper
+
+    tensors = [*model.graph.initializer]
+    tensors += [a.t for n in model.graph.node if n.op_type == "Constant"
+                for a in n.attribute if a.name == "value"]  # fmt: skip
+    replaced: list[str] = []
+    for tensor in tensors:
+        if tensor.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
+            continue
+        value = numpy_helper.to_array(tensor)
+        huge = np.isfinite(value) & (np.abs(value) >= SENTINEL)
+        if not huge.any():
+            continue
+        fixed = np.where(huge, np.sign(value) * SENTINEL_DEPTH, value).astype(value.dtype)
+        tensor.CopyFrom(numpy_helper.from_array(fixed, tensor.name))
+        replaced.append(tensor.name)
+    return replaced
+
+
 def _inner_ranges(
     model: onnx.ModelProto,
     names: Sequence[str],

@@ -83,7 +83,12 @@ def quantize_static_qdq(
             "weight_type": qcfg.weight_type,
             "nodes_to_quantize": qcfg.nodes_to_quantize,
             "nodes_to_exclude": qcfg.nodes_to_exclude,
-            "extra_options": qcfg.extra_options,
+            # onnxruntime's quantizer leaves a Where (and Reshape, Gather, ...) in float when
+            # one of its inputs is not already quantized, e.g. a float constant: SAM 3's
+            # `where(label == -1, not_a_point_embed, x)`. A float node between quantized ones
+            # fails HTP's graph finalize with QNN_COMMON_ERROR_MEM_ALLOC (measured in a
+            # four-node graph, onnxruntime-qnn 2.7); forced, the constant is quantized too.
+            "extra_options": {**qcfg.extra_options, "ForceQuantizeNoInputCheck": True},
         }
     else:
         extra: dict[str, Any] = {
@@ -114,6 +119,20 @@ def quantize_static_qdq(
         )
     adopt_sidecars(out)
     restore_float_inputs(out, exclude)
+    if cfg.qnn:
+        _fold_nan_guards(out)
+
+
+def _fold_nan_guards(path: Path) -> None:
+    from winml_recipes.onnx.io import load_model, save_model
+    from winml_recipes.quant.qnn_rules import fold_nan_guards
+
+    # the graph alone first: weights are loaded (and the model rewritten) only when needed
+    if not fold_nan_guards(load_model(path, load_external_data=False)):
+        return
+    model = load_model(path)
+    fold_nan_guards(model)
+    save_model(model, path)
 
 
 def _typed(overrides: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:

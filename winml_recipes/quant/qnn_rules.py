@@ -20,6 +20,7 @@ after.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 import onnx
@@ -91,6 +92,120 @@ def unify_ranges(
         for t in group:
             out[t] = (low, high)
     return out
+
+
+# HTP's 16-bit Softmax is wrong when its input's quantization step is below 2^-18 / log2(e)
+# (the step seen in base 2): the output keeps summing to 1 but is off by up to 0.05, as if
+# the step rounded to zero (measured with Q -> Softmax -> Q on uniform inputs of span
+# 0.172: 16 dB against the CPU EP; span 0.174: 73 dB). Nearly uniform attention (a model
+# with small logits, as SAM 3's two-way transformer) has such spans. Widening the input's
+# range to a span of at least 65535 steps of that size is exact enough (a step of 2.6e-6
+# in the logits) and keeps HTP right; 8-bit inputs then lose nothing that their 8-bit
+# output could show.
+SOFTMAX_MIN_INPUT_SPAN = 65535 * 2.0**-18 / math.log2(math.e) * 1.01
+
+
+def widen_softmax_inputs(
+    model: onnx.ModelProto, ranges: Mapping[str, tuple[float, float]]
+) -> tuple[dict[str, tuple[float, float]], list[str]]:
+    """Ranges with every Softmax input spanning at least SOFTMAX_MIN_INPUT_SPAN (and the
+    tensors that share its encoding upstream), and the names widened."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    out = dict(ranges)
+    widened: list[str] = []
+    for node in model.graph.node:
+        if node.op_type != "Softmax" or not node.input:
+            continue
+        tensor = node.input[0]
+        chain = [tensor]
+        while (up := producer.get(chain[-1])) is not None and up.op_type in SAME_AS_INPUT:
+            chain.append(up.input[0])  # onnxruntime encodes these outputs like input 0
+        for name in chain:
+            if name not in out:
+                continue
+            low, high = min(out[name][0], 0.0), max(out[name][1], 0.0)
+            grow = SOFTMAX_MIN_INPUT_SPAN - (high - low)
+            if grow > 0:
+                out[name] = (low - grow / 2, high + grow / 2)
+                widened.append(name)
+    return out, list(dict.fromkeys(widened))
+
+
+def fold_nan_guards(model: onnx.ModelProto) -> int:
+    """In a QDQ graph, `Where(IsNaN(t), v, t)` with t a DequantizeLinear output -> t.
+
+    A dequantized value is never NaN, so the guard (what exporters write for SDPA's
+    `softmax.masked_fill(isnan, 0)`) selects t everywhere: exact in the quantized graph.
+    HTP cannot finalize a graph where a boolean made from quantized values (IsNaN of a
+    DQ output, then Where) feeds quantized ops: QNN_COMMON_ERROR_MEM_ALLOC in a five-node
+    graph, and in every dynamo-exported BERT (measured, onnxruntime-qnn 2.7). Returns the
+    guards removed.
+    """
+    graph = model.graph
+    producer = {o: n for n in graph.node for o in n.output}
+    consumers = _consumers(graph)
+    outputs = {o.name for o in graph.output}
+    folded = 0
+    for check in [n for n in graph.node if n.op_type in ("IsNaN", "IsInf")]:
+        tensor = check.input[0]
+        source = producer.get(tensor)
+        if source is None or source.op_type != "DequantizeLinear":
+            continue
+        for where in consumers.get(check.output[0], []):
+            if where.op_type != "Where" or list(where.input[::2]) != [check.output[0], tensor]:
+                continue
+            if where.output[0] in outputs:
+                continue
+            _rewire(graph, where.output[0], tensor)  # its Q now requantizes t
+            graph.node.remove(where)
+            folded += 1
+    if folded:
+        _drop_dead(model)
+    return folded
+
+
+# HTP cannot finalize (QNN_COMMON_ERROR_MEM_ALLOC) a 16-bit Add whose input's scale is more
+# than 2^13 times its output's: measured by changing only the output's scale of one Add,
+# ratio 8191 finalizes and 8193 does not. An Add whose inputs cancel on every calibration
+# sample has such an output range (an attention mask `cond * 32 + -32` calibrated on
+# unpadded inputs only: 0 every time, so onnxruntime's minimum range of 1e-4). Its range
+# is widened to 1/8192 of its widest input's; the values seen are kept exactly as well.
+ADD_MAX_SCALE_RATIO = 8192.0
+
+
+def widen_add_outputs(
+    model: onnx.ModelProto, ranges: Mapping[str, tuple[float, float]]
+) -> tuple[dict[str, tuple[float, float]], list[str]]:
+    """Ranges with every Add/Sub output spanning at least 1/ADD_MAX_SCALE_RATIO of its
+    widest input (calibrated, or a constant's values), and the names widened."""
+    import numpy as np
+
+    out = dict(ranges)
+    widened: list[str] = []
+
+    def span(name: str) -> float | None:
+        if name in out:
+            low, high = out[name]
+            return max(high, 0.0) - min(low, 0.0)
+        value = _constant(model, name)
+        if value is None or value.dtype.kind != "f" or not value.size:
+            return None
+        return float(max(value.max(), 0.0) - min(value.min(), 0.0))
+
+    for node in model.graph.node:
+        if node.op_type not in ("Add", "Sub") or node.output[0] not in out:
+            continue
+        spans = [v for v in map(span, node.input) if v is not None and np.isfinite(v)]
+        if not spans:
+            continue
+        need = max(spans) / ADD_MAX_SCALE_RATIO * 1.01
+        name = node.output[0]
+        low, high = min(out[name][0], 0.0), max(out[name][1], 0.0)
+        if high - low < need:
+            grow = need - (high - low)
+            out[name] = (low - grow / 2, high + grow / 2)
+            widened.append(name)
+    return out, widened
 
 
 # Add/Sub of an all-zero constant followed by a Relu that the quantizer folds into the Q/DQ
@@ -197,25 +312,55 @@ def simplify_for_htp(model: onnx.ModelProto) -> dict[str, int]:
     """Identity removal, Transpose pairs that cancel, channel scatters as elementwise ops,
     inference BatchNormalization as Mul + Add, a Where choosing between two float scalar
     constants as arithmetic, erf GELUs as one Gelu, and chains of elementwise ops by constants
-    merged. Returns counts per rewrite."""
+    merged, scatters of constants at constant positions as a Mul and an Add, and GatherND at
+    constant indices as a Reshape (and Gather). Returns counts per rewrite."""
     counts = {
         "identities": 0, "transpose_pairs": 0, "channel_scatters": 0, "merged": 0,
-        "batchnorms": 0, "constant_wheres": 0, "gelus": 0,
+        "batchnorms": 0, "constant_wheres": 0, "gelus": 0, "constant_scatters": 0,
+        "constant_gathernds": 0, "folded_shape_ops": 0,
     }  # fmt: skip
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
            for n in model.graph.node for a in n.attribute):  # fmt: skip
         return counts  # subgraphs read outer names: left as they are
+    counts["folded_shape_ops"] += _fold_shape_computations(model)
     counts["identities"] += _drop_identities(model)
     counts["batchnorms"] += _batchnorms_to_elementwise(model)
     counts["constant_wheres"] += _constant_wheres_to_arithmetic(model)
     counts["gelus"] += _fuse_erf_gelus(model)
     counts["transpose_pairs"] += _cancel_transposes(model)
     counts["channel_scatters"] += _scatters_to_elementwise(model)
+    counts["constant_scatters"] += _constant_scatters_to_arithmetic(model)
+    counts["constant_gathernds"] += _constant_gathernds_to_gather(model)
     _drop_dead(model)  # the Gathers that fed the scatters: merging needs single readers
     counts["identities"] += _drop_identities(model)
     counts["merged"] += _merge_constant_chains(model)
     _drop_dead(model)
     return counts
+
+
+# Ops that compute from shapes: once every input dim is static, what they feed is a constant.
+SHAPE_OPS = frozenset({"Shape", "Size", "Range", "ConstantOfShape"})
+
+
+def _fold_shape_computations(model: onnx.ModelProto) -> int:
+    """Constant-fold the graph (onnxscript's optimizer, its size limits) when it still
+    computes from shapes; returns the nodes removed.
+
+    HTP refuses Range and GatherND, and the rewrites here need constant operands: a
+    Hugging Face BERT exported by torch's dynamo builds its attention mask's GatherND
+    indices from Shape -> Range -> Expand, constants once `fix_shapes` ran. (The target
+    preparation step is meant to do this before quantize; then this finds nothing.)
+    """
+    if not any(n.op_type in SHAPE_OPS for n in model.graph.node):
+        return 0
+    import onnx_ir as ir
+    import onnxscript.optimizer
+
+    before = len(model.graph.node)
+    folded = ir.from_proto(model)
+    onnxscript.optimizer.optimize(folded)
+    model.CopyFrom(ir.to_proto(folded))
+    return before - len(model.graph.node)
 
 
 def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
@@ -347,6 +492,142 @@ def _scatters_to_elementwise(model: onnx.ModelProto) -> int:
         )
         rewritten += 1
     return rewritten
+
+
+def _constant_scatters_to_arithmetic(model: onnx.ModelProto) -> int:
+    """ScatterElements / ScatterND writing constant updates at constant indices into a
+    tensor of static shape -> x * keep + table (keep 0 where written, 1 elsewhere; table the
+    updates where written, 0 elsewhere): exact for finite x.
+
+    HTP writes a scatter's update integers into the data with the data's encoding (see the
+    module docstring); a constant update is quantized as a weight with its own scale, so
+    the written values come out wrong (SAM 3's box corners from another exporter:
+    `corner[:, :, 2] = not_a_point_embed`, 5.5 dB against the CPU EP on that tensor). As
+    a Mul and an Add by constants, every tensor keeps its own encoding and HTP requantizes.
+    """
+    import numpy as np
+    from onnx import numpy_helper
+
+    graph = model.graph
+    shapes = _shapes(model)
+    producer = {o: n for n in graph.node for o in n.output}
+    rewritten = 0
+    for node in list(graph.node):
+        if node.op_type not in ("ScatterElements", "ScatterND") or len(node.input) != 3:
+            continue
+        if any(a.name == "reduction" and a.s not in (b"", b"none") for a in node.attribute):
+            continue
+        data, indices, updates = node.input
+        shape = shapes.get(data)
+        index = _constant_or_expanded(model, producer, indices, shapes)
+        values = _constant(model, updates)
+        if not shape or any(d is None for d in shape) or index is None or values is None:
+            continue
+        if values.dtype.kind != "f" or index.dtype.kind not in "iu":
+            continue
+        keep = np.ones(shape, dtype=values.dtype)
+        table = np.zeros(shape, dtype=values.dtype)
+        try:
+            if node.op_type == "ScatterElements":
+                axis = next((a.i for a in node.attribute if a.name == "axis"), 0) % len(shape)
+                where = index % shape[axis]
+                values = np.broadcast_to(values, where.shape)
+                np.put_along_axis(keep, where, 0, axis)
+                np.put_along_axis(table, where, values, axis)
+            else:
+                where = tuple(np.moveaxis(index, -1, 0) % np.array(shape[: index.shape[-1]])
+                              .reshape(-1, *[1] * (index.ndim - 1)))  # fmt: skip
+                keep[where] = 0
+                table[where] = values
+        except (ValueError, IndexError):
+            continue  # shapes the op would refuse: left as it is
+        base = node.output[0]
+        k_name, t_name, mid = f"{base}_scatter_keep", f"{base}_scatter_table", f"{base}_kept"
+        graph.initializer.extend(
+            [numpy_helper.from_array(keep, k_name), numpy_helper.from_array(table, t_name)]
+        )
+        at = list(graph.node).index(node)
+        graph.node.remove(node)
+        graph.node.insert(at, onnx.helper.make_node(
+            "Add", [mid, t_name], [base], name=f"{node.name or base}_table"))  # fmt: skip
+        graph.node.insert(at, onnx.helper.make_node(
+            "Mul", [data, k_name], [mid], name=f"{node.name or base}_keep"))  # fmt: skip
+        rewritten += 1
+    return rewritten
+
+
+def _constant_gathernds_to_gather(model: onnx.ModelProto) -> int:
+    """GatherND(x, constant indices) -> Reshape(x, [n, *rest]) -> Gather(axis 0, flat
+    indices), or a single Reshape when the flat indices are 0..n-1 in order; exact.
+
+    HTP refuses GatherND; dynamo's BERT export reads its attention mask that way
+    (`mask[None, None, :, :]` as GatherND with indices [[0, 0], [0, 1], ...]).
+    """
+    import numpy as np
+    from onnx import numpy_helper
+
+    graph = model.graph
+    shapes = _shapes(model)
+    rewritten = 0
+    for node in list(graph.node):
+        if node.op_type != "GatherND":
+            continue
+        if any(a.name == "batch_dims" and a.i for a in node.attribute):
+            continue
+        index = _constant(model, node.input[1])
+        shape = shapes.get(node.input[0])
+        if index is None or index.ndim < 1 or not shape or None in shape:
+            continue
+        k = index.shape[-1]
+        if k > len(shape) or index.dtype.kind not in "iu":
+            continue
+        lead, rest = np.array(shape[:k]), shape[k:]
+        if not ((-lead <= index) & (index < lead)).all():
+            continue  # out of range: the op would fail, left as it is
+        flat = np.ravel_multi_index(tuple(np.moveaxis(index % lead, -1, 0)), lead)
+        count = int(np.prod(lead))
+        out_shape = [*index.shape[:-1], *rest]
+        base = node.output[0]
+        at = list(graph.node).index(node)
+        graph.node.remove(node)
+        new: list[onnx.NodeProto] = []
+        if flat.size == count and (flat.ravel() == np.arange(count)).all():
+            source = node.input[0]
+        else:
+            flat_name, rows = f"{base}_flat_shape", f"{base}_rows"
+            graph.initializer.extend([
+                numpy_helper.from_array(np.array([count, *rest], np.int64), flat_name),
+                numpy_helper.from_array(flat.astype(np.int64), f"{base}_flat_indices"),
+            ])  # fmt: skip
+            new += [
+                onnx.helper.make_node("Reshape", [node.input[0], flat_name], [rows]),
+                onnx.helper.make_node("Gather", [rows, f"{base}_flat_indices"], [f"{base}_picked"]),
+            ]
+            source = f"{base}_picked"
+        graph.initializer.append(
+            numpy_helper.from_array(np.array(out_shape, np.int64), f"{base}_shape")
+        )
+        new.append(onnx.helper.make_node("Reshape", [source, f"{base}_shape"], [base]))
+        for j, n in enumerate(new):
+            n.name = f"{node.name or base}_{j}"
+            graph.node.insert(at + j, n)
+        rewritten += 1
+    return rewritten
+
+
+def _constant_or_expanded(model: onnx.ModelProto, producer, name: str, shapes):
+    """A constant, or an Expand of a constant to a static shape, as an array (else None)."""
+    import numpy as np
+
+    value = _constant(model, name)
+    if value is not None:
+        return value
+    node = producer.get(name)
+    shape = shapes.get(name)
+    if node is None or node.op_type != "Expand" or not shape or None in shape:
+        return None
+    value = _constant(model, node.input[0])
+    return None if value is None else np.broadcast_to(value, shape)
 
 
 def _batchnorms_to_elementwise(model: onnx.ModelProto) -> int:
