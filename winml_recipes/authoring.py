@@ -167,8 +167,6 @@ def write_adhoc_project(
     """
     name = re.sub(r"[^A-Za-z0-9._-]", "-", model_path.stem) or "model"
     entry, _ = onnx_entry(model_path, name, shapes)
-    if task is not None:
-        entry["task"] = task
     specs = [
         TensorSpec(n, t["dtype"], tuple(t["shape"]))
         for n, t in entry["components"]["model"]["inputs"].items()
@@ -191,6 +189,8 @@ def write_adhoc_project(
             f"{first.name}={example} with N replaced by the sizes the model runs at",
             where=str(model_path),
         )
+    if task is not None:
+        entry["task"] = task
     (root / "catalog").mkdir(parents=True, exist_ok=True)
     (root / "recipes").mkdir(exist_ok=True)
     (root / "catalog" / f"{name}.yaml").write_text(yaml.safe_dump(entry, sort_keys=False))
