@@ -830,6 +830,36 @@ def compare(
         )
 
 
+@main.command()
+@click.argument("builds", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--ep", help="Execution provider key (cpu, qnn-htp; default: the target's).")
+@click.option("--device", help="Time on this device's EP instead (cpu, npu).")
+@click.option("--iterations", default=50, show_default=True, type=click.IntRange(1))
+@click.option("--warmup", default=5, show_default=True, type=click.IntRange(0))
+@click.option(
+    "-o", "--output", "output_root", default="build", type=click.Path(path_type=Path),
+    show_default=True, help="Where a RECIPE's targets were built.",
+)  # fmt: skip
+@click.option("--catalog", "catalog_dir", type=click.Path(path_type=Path, file_okay=False),
+              help="The project's catalog (input contracts).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True)
+def perf(builds, ep, device, iterations, warmup, output_root, catalog_dir, as_json) -> None:
+    """Time built targets: session creation (uncompiled vs EPContext), latency P50/P90/P99,
+    throughput and peak memory, per component and for the pipeline. BUILDS: build folders
+    (build/<recipe>/<device>-<precision>) or recipes (all their built targets), in one table.
+    """
+    from winml_recipes import api
+    from winml_recipes.perf import format_table
+
+    report = api.perf(builds, ep=ep, device=device, iterations=iterations, warmup=warmup,
+                      output_root=output_root, catalog_dir=catalog_dir)  # fmt: skip
+    if as_json:
+        _echo_json(report)
+        return
+    for line in format_table(report):
+        click.echo(line)
+
+
 def _pairs(items: tuple[str, ...], option: str) -> dict[str, str]:
     from winml_recipes.sdk.errors import RecipeError
 
