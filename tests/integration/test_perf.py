@@ -94,9 +94,7 @@ def test_perf_table_from_a_recipe_lists_every_built_target(tiny_builds: Path) ->
 
 
 def test_perf_on_cpu_skips_the_compiled_model_and_says_why(tiny_builds: Path) -> None:
-    report = api.perf(
-        [tiny_builds / "sam3-tiny" / "npu-w8a16"], ep="cpu", iterations=2, warmup=0
-    )
+    report = api.perf([tiny_builds / "sam3-tiny" / "npu-w8a16"], ep="cpu", iterations=2, warmup=0)
     files = [(r["component"], r["files"]) for r in report["rows"]]
     assert all("model_ctx.onnx" not in f for _, fs in files for f in fs), files
     assert not any(r["emulated"] for r in report["rows"])
