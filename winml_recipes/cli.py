@@ -530,6 +530,34 @@ def _print_summary(m: dict[str, Any], output_dir) -> None:
             outs = metrics.get("outputs") if s["pass"] == "verify" else None
             for out, met in (outs or {}).items():
                 click.echo(f"    {_output_line(out, met, metrics.get('gates', []))}")
+    for line in _next_lines(output_dir):
+        click.echo(line)
+
+
+def _next_lines(output_dir) -> list[str]:
+    """Where the deployable files are, and the commands that run and time them."""
+    from winml_recipes.builddir import read_build
+
+    try:
+        build = read_build(output_dir)
+    except WinmlError:
+        return []
+    folder = Path(output_dir)
+    files = [c.deployable.relative_to(folder).as_posix() for c in build.components]
+    inputs = {s.name: s for c in build.components for s in c.inputs}
+    if any(s.image is not None for s in inputs.values()):
+        data = "--image PHOTO.jpg" + (" --point X,Y" if "input_points" in inputs else "")
+    else:
+        data = "--npz INPUTS.npz"
+    where = _quoted(str(folder))
+    return [
+        f"deploy: {', '.join(files)} (in {where}, with the files beside them)",
+        f"next: winml-recipes run {where} {data}; winml-recipes perf {where}",
+    ]
+
+
+def _quoted(path: str) -> str:
+    return f'"{path}"' if " " in path else path
 
 
 def _task_line(task: dict[str, Any], gates: list[dict[str, Any]]) -> str:

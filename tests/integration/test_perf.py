@@ -1,4 +1,5 @@
-"""`perf` on real sam3-tiny builds: cpu/fp32 on the CPU EP and npu/w8a16 on QNN HTP.
+"""Real sam3-tiny builds (cpu/fp32, npu/w8a16): `perf` on the CPU EP and QNN HTP, the
+build's next-step lines, and the README's loading snippet run against the npu build.
 
 Real sessions in fresh processes, few iterations (the numbers are not checked against a
 threshold, only their structure and order: no timed assertions).
@@ -8,11 +9,14 @@ from __future__ import annotations
 
 import json
 import platform
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import RECIPES, cli
+from tests.conftest import RECIPES, REPO, cli
 from winml_recipes import api
 from winml_recipes.perf import EMULATED_HTP
 
@@ -21,12 +25,15 @@ ITERATIONS = ("--iterations", "5", "--warmup", "1")
 
 @pytest.fixture(scope="module")
 def tiny_builds(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """sam3-tiny cpu/fp32 and npu/w8a16 under one output root (exports from the cache)."""
-    root = tmp_path_factory.mktemp("perf-builds")
+    """`build/` holding sam3-tiny cpu/fp32 and npu/w8a16 (exports from the cache), and the
+    npu build's console output beside it."""
+    work = tmp_path_factory.mktemp("perf-work")
     recipe = RECIPES / "sam3-tiny.yaml"
-    api.build(recipe, device="cpu", precision="fp32", output_root=root)
-    api.build(recipe, device="npu", precision="w8a16", output_root=root)
-    return root
+    api.build(recipe, device="cpu", precision="fp32", output_root=work / "build")
+    done = cli("build", recipe, "--device", "npu", "--precision", "w8a16", "-o", work / "build")
+    assert done.exit_code == 0, done.output
+    (work / "npu-build.txt").write_text(done.stdout)
+    return work / "build"
 
 
 def _rows(report: dict, build: str) -> dict[tuple[str, str], dict]:
@@ -108,3 +115,33 @@ def test_perf_on_a_folder_without_a_manifest_is_one_line(tmp_path: Path) -> None
         f"error: {tmp_path}: no manifest.json here; pass a build folder "
         "(build/<recipe>/<device>-<precision>)"
     ]
+
+
+def test_a_build_prints_the_deployable_files_and_the_next_commands(tiny_builds: Path) -> None:
+    out = tiny_builds / "sam3-tiny" / "npu-w8a16"
+    lines = (tiny_builds.parent / "npu-build.txt").read_text().splitlines()
+    enc, dec = "vision_encoder/model_ctx.onnx", "prompt_encoder_mask_decoder/model_ctx.onnx"
+    assert lines[-2:] == [
+        f"deploy: {enc}, {dec} (in {out}, with the files beside them)",
+        f"next: winml-recipes run {out} --image PHOTO.jpg --point X,Y; winml-recipes perf {out}",
+    ]
+    assert (out / enc).is_file() and (out / dec).is_file()
+
+
+def test_the_readme_loading_snippet_runs_on_the_npu_build(tiny_builds: Path) -> None:
+    """The Python block of README's "Load the result", as written, in a fresh process
+    whose working folder holds build/sam3-tiny/npu-w8a16."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Load the result", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 1 and "model_ctx.onnx" in blocks[0]
+    done = subprocess.run(
+        [sys.executable, "-c", blocks[0]],
+        cwd=tiny_builds.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = done.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"pred_masks \(1, 1, 3, 32, 32\) best mask [012]", printed), printed
