@@ -55,16 +55,16 @@ def resolve_builds(
 ) -> tuple[list[BuildFolder], list[str]]:
     """Build folders from folders and recipes (a recipe: every target built under
     `output_root`); and notes on a recipe's targets that have no build."""
-    from winml_recipes import api
+    from winml_recipes.recipe import load_recipe
     from winml_recipes.sdk.errors import ModelFileError
 
     builds, notes = [], []
     for raw in paths:
         path = Path(raw)
         if path.is_file() and path.suffix in (".yaml", ".yml"):
-            recipe = api.load(path, catalog_dir=catalog_dir)
+            recipe = load_recipe(path, catalog_dir=catalog_dir)
             found = 0
-            for device, precision in api.targets_of(path, catalog_dir=catalog_dir):
+            for device, precision in [(t.device, t.precision) for t in recipe.targets]:
                 folder = Path(output_root) / recipe.name / f"{device}-{precision}"
                 if (folder / "manifest.json").is_file():
                     builds.append(read_build(folder, catalog_dir))
