@@ -292,3 +292,34 @@ def compare(
         "first_divergence": first.to_json() if first else None,
         "tensors": [r.to_json() for r in rows],
     }
+
+
+def perf(
+    builds: Sequence[Path | str],
+    *,
+    ep: str | None = None,
+    device: str | None = None,
+    iterations: int = 50,
+    warmup: int = 5,
+    output_root: Path | str = "build",
+    catalog_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Time built targets: session creation (uncompiled and EPContext), latency P50/P90/P99,
+    throughput and peak memory per component and for the whole pipeline.
+
+    `builds`: build folders (build/<recipe>/<device>-<precision>) or recipes (every target
+    built under `output_root`), compared in one report. The EP is `ep` (a key: cpu,
+    qnn-htp), else `device`'s, else each build target's device's. Each row runs in a fresh
+    process; QNN HTP rows on an x86_64 host are labelled as emulation (`emulated`, `note`).
+    """
+    from winml_recipes.perf import perf as run_perf
+
+    return run_perf(
+        builds,
+        ep=ep,
+        device=device,
+        iterations=iterations,
+        warmup=warmup,
+        output_root=output_root,
+        catalog_dir=catalog_dir,
+    )

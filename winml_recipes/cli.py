@@ -539,6 +539,34 @@ def _print_summary(m: dict[str, Any], output_dir) -> None:
             outs = metrics.get("outputs") if s["pass"] == "verify" else None
             for out, met in (outs or {}).items():
                 click.echo(f"    {_output_line(out, met, metrics.get('gates', []))}")
+    for line in _next_lines(output_dir):
+        click.echo(line)
+
+
+def _next_lines(output_dir) -> list[str]:
+    """Where the deployable files are, and the commands that run and time them."""
+    from winml_recipes.builddir import read_build
+
+    try:
+        build = read_build(output_dir)
+    except WinmlError:
+        return []
+    folder = Path(output_dir)
+    files = [c.deployable.relative_to(folder).as_posix() for c in build.components]
+    inputs = {s.name: s for c in build.components for s in c.inputs}
+    if any(s.image is not None for s in inputs.values()):
+        data = "--image PHOTO.jpg" + (" --point X,Y" if "input_points" in inputs else "")
+    else:
+        data = "--npz INPUTS.npz"
+    where = _quoted(str(folder))
+    return [
+        f"deploy: {', '.join(files)} (in {where}, with the files beside them)",
+        f"next: winml-recipes run {where} {data}; winml-recipes perf {where}",
+    ]
+
+
+def _quoted(path: str) -> str:
+    return f'"{path}"' if " " in path else path
 
 
 def _task_line(task: dict[str, Any], gates: list[dict[str, Any]]) -> str:
@@ -837,6 +865,36 @@ def compare(
             f"{first['target_vs_float_db']:.1f} dB on the target vs "
             f"{first['simulation_vs_float_db']:.1f} dB simulated"
         )
+
+
+@main.command()
+@click.argument("builds", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--ep", help="Execution provider key (cpu, qnn-htp; default: the target's).")
+@click.option("--device", help="Time on this device's EP instead (cpu, npu).")
+@click.option("--iterations", default=50, show_default=True, type=click.IntRange(1))
+@click.option("--warmup", default=5, show_default=True, type=click.IntRange(0))
+@click.option(
+    "-o", "--output", "output_root", default="build", type=click.Path(path_type=Path),
+    show_default=True, help="Where a RECIPE's targets were built.",
+)  # fmt: skip
+@click.option("--catalog", "catalog_dir", type=click.Path(path_type=Path, file_okay=False),
+              help="The project's catalog (input contracts).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True)
+def perf(builds, ep, device, iterations, warmup, output_root, catalog_dir, as_json) -> None:
+    """Time built targets: session creation (uncompiled vs EPContext), latency P50/P90/P99,
+    throughput and peak memory, per component and for the pipeline. BUILDS: build folders
+    (build/<recipe>/<device>-<precision>) or recipes (all their built targets), in one table.
+    """
+    from winml_recipes import api
+    from winml_recipes.perf import format_table
+
+    report = api.perf(builds, ep=ep, device=device, iterations=iterations, warmup=warmup,
+                      output_root=output_root, catalog_dir=catalog_dir)  # fmt: skip
+    if as_json:
+        _echo_json(report)
+        return
+    for line in format_table(report):
+        click.echo(line)
 
 
 def _pairs(items: tuple[str, ...], option: str) -> dict[str, str]:

@@ -88,32 +88,78 @@ class _Lines(Reporter):
         print(f"{self.prefix}{text}", file=sys.stderr, flush=True)
 
 
+MIN_NAME = 8  # a component name is shortened to no fewer characters (then the rest is)
+BAR_WIDTH = 10
+
+
+def fit_label(name: str, rest: str, width: int) -> str:
+    """`name + rest` in `width` columns: the name is shortened first (to MIN_NAME), then the
+    rest is cut; both with an ellipsis."""
+    if len(name) + len(rest) <= width:
+        return name + rest
+    keep = max(width - len(rest), MIN_NAME)
+    if keep < len(name):
+        name = name[: keep - 1] + "…"
+    text = name + rest
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+class _Label:
+    """A rich renderable: a step's label fitted to the width its table cell gets."""
+
+    def __init__(self, name: str, rest: str) -> None:
+        self.name, self.rest = name, rest
+
+    def __rich_measure__(self, console: Any, options: Any) -> Any:
+        from rich.measure import Measurement
+
+        full = len(self.name) + len(self.rest)
+        return Measurement(min(full, MIN_NAME + 1), full)
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.text import Text
+
+        yield Text(fit_label(self.name, self.rest, options.max_width), no_wrap=True)
+
+
 class _Rich(Reporter):
-    def __init__(self) -> None:
+    """The live view. Its label column takes what the fixed columns leave (at 80 columns the
+    counts, elapsed time and ETA stay whole; the component name is shortened first)."""
+
+    def __init__(self, console: Any = None) -> None:
         from rich.console import Console
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
             Progress,
+            ProgressColumn,
             SpinnerColumn,
-            TextColumn,
             TimeElapsedColumn,
             TimeRemainingColumn,
         )
+        from rich.table import Column
 
-        self.console = Console(stderr=True)
+        class LabelColumn(ProgressColumn):
+            def render(self, task: Any) -> _Label:
+                return _Label(task.fields.get("name", ""), task.fields.get("rest", ""))
+
+        def fixed() -> Column:
+            return Column(no_wrap=True, justify="right")
+
+        self.console = console or Console(stderr=True)
         self.progress = Progress(
             SpinnerColumn(),
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
+            LabelColumn(table_column=Column(ratio=1, no_wrap=True)),
+            BarColumn(bar_width=BAR_WIDTH),
+            MofNCompleteColumn(table_column=fixed()),
+            TimeElapsedColumn(table_column=fixed()),
+            TimeRemainingColumn(table_column=fixed()),
             console=self.console,
             transient=False,
+            expand=True,
         )
         self.task: Any = None
-        self.label = ""
+        self.rest = ""
 
     def __enter__(self) -> _Rich:
         self.progress.start()
@@ -123,29 +169,21 @@ class _Rich(Reporter):
         self.progress.stop()
 
     def step_started(self, component: str, step: PlannedStep) -> None:
-        from rich.markup import escape
-
-        self.label = escape(f"{component}: {step.name}")
-        self.task = self.progress.add_task(self.label, total=None)
+        self.rest = f": {step.name}"
+        self.task = self.progress.add_task("", total=None, name=component, rest=self.rest)
 
     def step_progress(
         self, component: str, step: PlannedStep, what: str, done: int, total: int | None
     ) -> None:
-        from rich.markup import escape
-
-        self.progress.update(
-            self.task, completed=done, total=total, description=f"{self.label} {escape(what)}"
-        )
+        self.progress.update(self.task, completed=done, total=total, rest=f"{self.rest} {what}")
 
     def step_finished(self, component: str, step: PlannedStep, record: dict[str, Any]) -> None:
-        from rich.markup import escape
-
         status = record["status"]
         extra = f" ({record['reason']})" if status == "skipped" else ""
-        text = escape(f"{component}: {step.name} [{status}]{extra}")
         task = self.progress.tasks[-1] if self.progress.tasks else None
         total = task.total if task is not None and task.total else 1
-        self.progress.update(self.task, completed=total, total=total, description=text)
+        rest = f": {step.name} [{status}]{extra}"
+        self.progress.update(self.task, completed=total, total=total, rest=rest)
 
     def message(self, text: str) -> None:
         self.console.print(text)

@@ -55,3 +55,37 @@ def test_a_long_step_without_counts_logs_its_end(monkeypatch) -> None:
     lines.step_started("enc", _step("export"))
     lines.step_finished("enc", _step("export"), {"status": "ran"})
     assert out.getvalue() == "enc: export [ran] in 60.0 s\n"
+
+
+def _render_live_view(width: int) -> list[str]:
+    """The rich live view after some steps, rendered as a terminal `width` wide shows it."""
+    from rich.console import Console
+
+    console = Console(width=width, record=True, file=io.StringIO(), force_terminal=True)
+    view = progress._Rich(console=console)
+    long = "prompt_encoder_mask_decoder"
+    view.step_started("vision_encoder", _step("export"))
+    view.step_finished("vision_encoder", _step("export"), {"status": "cached"})
+    view.step_started(long, _step("quantize"))
+    view.step_progress(long, _step("quantize"), "calibration samples", 45, 64)
+    console.print(view.progress.get_renderable())
+    return console.export_text().splitlines()
+
+
+def test_live_view_keeps_counts_and_times_at_80_columns() -> None:
+    """At 80 columns names are shortened, never the counts, elapsed time or ETA."""
+    lines = _render_live_view(80)
+    assert all(len(line) <= 80 for line in lines), lines
+    running = next(line for line in lines if "45/64" in line)
+    assert "…" not in running.split("45/64", 1)[1], running
+    times = running.split("45/64", 1)[1].split()
+    assert len(times) == 2 and all(len(t.split(":")) == 3 for t in times), running
+    assert "prompt_enc" in running  # the name is shortened, not dropped
+    assert any("vision_encoder: export [cached]" in line for line in lines), lines
+
+
+def test_live_view_shows_whole_names_when_there_is_room() -> None:
+    lines = _render_live_view(160)
+    assert any("prompt_encoder_mask_decoder: quantize calibration samples" in line
+               for line in lines), lines  # fmt: skip
+    assert any("45/64" in line for line in lines)
