@@ -22,7 +22,12 @@ def test_build_writes_models_digests_and_manifest(tiny_build) -> None:
         assert (out / comp / "graph.yaml").is_file()
     names = sorted(p.name for p in out.iterdir())
     # the float model is the shipped one (fp32): no float-reference folder
-    assert names == ["manifest.json", "prompt_encoder_mask_decoder", "report.html", "vision_encoder"]
+    assert names == [
+        "manifest.json",
+        "prompt_encoder_mask_decoder",
+        "report.html",
+        "vision_encoder",
+    ]
 
 
 def test_manifest_validates_against_schema(tiny_build) -> None:
