@@ -151,3 +151,12 @@ def sqnr_against_float_sam3(float_models: dict, built_models: dict, seed: int = 
         )
         out.update({name: m["sqnr_db"] for name, m in metrics.items()})
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_npu_build(tmp_path_factory: pytest.TempPathFactory):
+    """sam3-tiny built once for npu/w8a16 (QNN HTP, compiled); shared by read-only tests."""
+    from winml_recipes import api
+
+    out = tmp_path_factory.mktemp("tiny-npu-build")
+    return api.build(RECIPES / "sam3-tiny.yaml", device="npu", precision="w8a16", output_root=out)

@@ -323,3 +323,46 @@ def perf(
         output_root=output_root,
         catalog_dir=catalog_dir,
     )
+
+
+def run(
+    build_dir: Path | str,
+    *,
+    image: Path | str | None = None,
+    points: Sequence[str | tuple[float, ...]] = (),
+    boxes: Sequence[str | tuple[float, float, float, float]] = (),
+    npz: Path | str | None = None,
+    output_dir: Path | str | None = None,
+    compiled: bool | None = None,
+) -> dict[str, Any]:
+    """Run a build folder on inputs a person has: its components in order (SAM: encoder,
+    then decoder on the encoder's outputs) on the target's EP, and the float reference on
+    the CPU EP. Returns the summary (also written as summary.json, beside outputs.npz and,
+    for image tasks, a PNG of the float and target results; default folder BUILD_DIR/run).
+
+    `image`: a photo, preprocessed as the catalog's `image:` block says (default: a bundled
+    held-out photo). `points` ("X,Y[,LABEL]" or tuples) and `boxes` ("X1,Y1,X2,Y2") are SAM
+    prompts in the photo's pixels. `npz`: arrays named like inputs (they win). `compiled`:
+    the EPContext model (None: where compiled and the EP loads; False: model.onnx).
+    """
+    from winml_recipes.prompts import Box, Point, parse_box, parse_point
+    from winml_recipes.runbuild import run_build
+
+    return run_build(
+        build_dir,
+        image=image,
+        points=[parse_point(p) if isinstance(p, str) else Point(*p) for p in points],
+        boxes=[parse_box(b) if isinstance(b, str) else Box(*b) for b in boxes],
+        npz=npz,
+        output_dir=output_dir,
+        compiled=compiled,
+    )
+
+
+def report(build_dir: Path | str, *, layers: bool | None = None) -> Path:
+    """(Re)write BUILD_DIR/report.html: verdicts, metrics, the per-layer SQNR plot, the run
+    pictures, placement, step times, versions. `layers`: compute the per-layer comparison
+    (None: only for small quantized npu builds). Returns the report's path."""
+    from winml_recipes.report import write_report
+
+    return write_report(Path(build_dir), layers=layers)

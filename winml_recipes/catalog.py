@@ -260,3 +260,9 @@ def _image(spec: dict[str, Any]) -> ImagePreprocess:
         std=tuple(spec.get("std", (1.0, 1.0, 1.0))),
         layout=spec.get("layout", "NCHW"),
     )
+
+
+def entry_from_data(data: dict[str, Any], where: Path) -> CatalogEntry:
+    """An entry from its validated data as a manifest records it (`where` names the file)."""
+    components = {name: _component(name, c, {}, where) for name, c in data["components"].items()}
+    return CatalogEntry(data["name"], where, data, components)

@@ -1086,3 +1086,13 @@ def hub_ls(repo_id, revision, as_json) -> None:
         click.echo(f"  {e.path:<60} {e.size / 1e6:10.2f} MB")
         for side, size in e.sidecars.items():
             click.echo(f"    + {side:<58} {size / 1e6:10.2f} MB")
+
+
+def _register_run_commands() -> None:
+    from winml_recipes.cli_run import report_command, run_command
+
+    main.add_command(run_command)
+    main.add_command(report_command)
+
+
+_register_run_commands()

@@ -355,6 +355,14 @@ def manifest_schema() -> dict[str, Any]:
                 },
             },
             "steps": {"type": "array", "items": step},
+            "reference": {
+                "type": "object",
+                "description": "The float model the component was verified against, shipped "
+                "in float-reference/<component>/ (absent: the shipped model is the float one).",
+                "additionalProperties": False,
+                "required": ["path", "sha256"],
+                "properties": {"path": {"type": "string"}, "sha256": sha},
+            },
             "artifact": {
                 "type": "object",
                 "additionalProperties": False,
@@ -409,6 +417,10 @@ def manifest_schema() -> dict[str, Any]:
                 },
             },
             "model": {"type": "string"},
+            "catalog": {
+                "type": "object",
+                "description": "The catalog entry built from (task, components, I/O contracts).",
+            },
             "source": {
                 "type": "string",
                 "description": "The catalog's named source built from (absent: its only one).",

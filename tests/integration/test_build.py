@@ -21,7 +21,13 @@ def test_build_writes_models_digests_and_manifest(tiny_build) -> None:
         onnx.checker.check_model(str(model), full_check=True)
         assert (out / comp / "graph.yaml").is_file()
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["manifest.json", "prompt_encoder_mask_decoder", "vision_encoder"]
+    # the float model is the shipped one (fp32): no float-reference folder
+    assert names == [
+        "manifest.json",
+        "prompt_encoder_mask_decoder",
+        "report.html",
+        "vision_encoder",
+    ]
 
 
 def test_manifest_validates_against_schema(tiny_build) -> None:

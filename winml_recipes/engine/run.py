@@ -27,6 +27,10 @@ from winml_recipes.sdk.types import StepContext, StepResult, UpstreamComponent
 
 MANIFEST = "manifest.json"
 GRAPH_DIGEST = "graph.yaml"
+# The float model each component's build was verified against, shipped beside the build
+# (not inside the component's deployable folder) so `run` and the report can compare with
+# it after the cache is gone, on another machine, without the recipe.
+REFERENCE_DIR = "float-reference"
 
 
 class Reporter:
@@ -155,8 +159,21 @@ def write_output(
             _swap_into_place(staging, out_dir)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        _write_report(out_dir, reporter)
     final = {name: out_dir / p.relative_to(staging) for name, p in models.items()}
     return BuildResult(out_dir, manifest, final)
+
+
+def _write_report(out_dir: Path, reporter: Reporter) -> None:
+    """report.html beside the manifest; a report that cannot be made never fails the build
+    (its sections say what they could not compute; `winml-recipes report` retries)."""
+    from winml_recipes.report import write_report
+
+    try:
+        write_report(out_dir)
+    except Exception as exc:  # the build succeeded: say why there is no report, go on
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        reporter.message(f"report.html not written: {first}; run `winml-recipes report {out_dir}`")
 
 
 def lock_path_for(out_dir: Path, what: str = "output") -> Path:
@@ -387,7 +404,25 @@ def ship_component(
         "files": files,
     }
     record = {"source": comp.source.to_manifest(), "steps": records, "artifact": artifact}
+    reference = _ship_reference(comp.name, state, staging)
+    if reference is not None:
+        record["reference"] = reference
     return record, final_model
+
+
+def _ship_reference(name: str, state: ChainState, staging: Path) -> dict[str, Any] | None:
+    """Copy the component's float reference to `staging/float-reference/<name>/` when the
+    shipped model differs from it (None: no float model, or the model is the float one).
+
+    Shipped rather than looked up in the cache: a build folder then runs anywhere. The
+    graph file is hard-linked from the cache where possible; external data is copied."""
+    if state.reference is None or state.reference_digest in (None, state.digest):
+        return None
+    folder = staging / REFERENCE_DIR / name
+    folder.mkdir(parents=True)
+    path = model_file(folder)
+    _copy_model(state.reference, path)
+    return {"path": path.relative_to(staging).as_posix(), "sha256": state.reference_digest}
 
 
 def _sha(path: Path) -> str:
@@ -626,6 +661,9 @@ def _manifest(plan: Plan, components: dict[str, Any], wall: float) -> dict[str, 
             "variables": r.variables,
         },
         "model": r.model,
+        # the catalog entry (task, I/O contracts, image preprocessing): `run` and the report
+        # read it from here, also for `build --onnx`, whose generated catalog is deleted
+        "catalog": r.catalog.data,
         **({"source": r.source} if r.source else {}),
         "target": {"device": plan.target.device, "precision": plan.target.precision},
         "wall_seconds": round(wall, 3),

@@ -1,0 +1,168 @@
+"""`run` on a built sam3-tiny npu/w8a16 (QNN HTP) and the build's report.html, the latter
+opened in headless Chromium (Debian's package): it must load with no error, render the
+plot and the picture, and fetch nothing from the network."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.chromium import INSTALL, Chromium, chromium_path
+from tests.conftest import cli
+from winml_recipes import pictures
+from winml_recipes.bundled import images_dir
+
+PHOTO = images_dir() / "heldout" / "rocket_0.jpg"
+
+
+def _run(build_dir: Path, out: Path, *extra: str) -> dict:
+    result = cli(
+        "run", build_dir, "--image", PHOTO, "--point", "60,40", "-o", out, "--json", *extra
+    )
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def _changed_fraction(panel: Image.Image, plain: Image.Image) -> float:
+    a = np.asarray(panel, dtype=np.int16)
+    b = np.asarray(plain, dtype=np.int16)
+    return float(np.mean(np.abs(a - b).max(axis=2) > 30))
+
+
+@pytest.mark.parametrize("mode", ["--compiled", "--uncompiled"])
+def test_run_draws_float_and_npu_masks_with_their_iou(tiny_npu_build, tmp_path, mode) -> None:
+    summary = _run(tiny_npu_build.output_dir, tmp_path, mode)
+    model = "model_ctx.onnx" if mode == "--compiled" else "model.onnx"
+    for comp in ("vision_encoder", "prompt_encoder_mask_decoder"):
+        assert summary["target_run"][comp]["ran_on"] == "qnn-htp"
+        assert summary["target_run"][comp]["model"] == f"{comp}/{model}"
+        assert summary["float_run"][comp] == {
+            "model": f"float-reference/{comp}/model.onnx",
+            "ran_on": "cpu",
+        }
+    # (60, 40) of the 384 px photo is (17.5, 11.67) in the model's 112 px frame
+    np.testing.assert_allclose(summary["points"][0]["model_xy"], [17.5, 40 * 112 / 384])
+    iou = summary["task_metric"]["values"]["mask_iou"]
+    assert 0.5 < iou < 1.0  # the NPU's mask is close to float's, not the same model twice
+    sqnr = summary["components"]["prompt_encoder_mask_decoder"]["pred_masks"]["sqnr_db"]
+    assert 10 < sqnr < 60
+
+    png = Path(summary["picture"])
+    assert png == tmp_path / "rocket_0.png"
+    with Image.open(png) as img:
+        picture = img.convert("RGB")
+    side, gap = pictures.PANEL, pictures.GUTTER
+    assert picture.size[0] == 4 * side + 5 * gap  # photo, float, target, difference
+    assert picture.size[1] > pictures.TITLE + side + 3 * pictures.LINE  # caption lines
+    with Image.open(PHOTO) as photo:
+        plain = photo.convert("RGB").resize((side, side))
+
+    def panel(i: int) -> Image.Image:
+        x = gap + i * (side + gap)
+        return picture.crop((x, pictures.TITLE, x + side, pictures.TITLE + side))
+
+    assert _changed_fraction(panel(0), plain) < 0.03  # the photo, only the prompts drawn
+    assert _changed_fraction(panel(1), plain) > 0.05  # float mask overlaid
+    assert _changed_fraction(panel(2), plain) > 0.05  # NPU mask overlaid
+    diff = np.asarray(panel(3), dtype=np.int16)
+    red = np.all(np.abs(diff - pictures.ONLY_FLOAT_RGB) < 3, axis=2).sum()
+    blue = np.all(np.abs(diff - pictures.ONLY_TARGET_RGB) < 3, axis=2).sum()
+    assert red + blue > 0  # IoU < 1: some pixels differ, and the difference panel shows them
+    with np.load(tmp_path / "outputs.npz") as data:
+        assert {"float/prompt_encoder_mask_decoder/pred_masks",
+                "target/prompt_encoder_mask_decoder/pred_masks"} <= set(data.files)  # fmt: skip
+    assert json.loads((tmp_path / "summary.json").read_text())["picture"] == str(png)
+
+
+def test_compiled_and_uncompiled_runs_agree_on_htp(tiny_npu_build, tmp_path) -> None:
+    """compile recorded bit-exactness; `run` must pick the files it says it ran."""
+    _run(tiny_npu_build.output_dir, tmp_path / "a", "--compiled")
+    _run(tiny_npu_build.output_dir, tmp_path / "b", "--uncompiled")
+    with np.load(tmp_path / "a" / "outputs.npz") as a, np.load(tmp_path / "b" / "outputs.npz") as b:
+        masks = "target/prompt_encoder_mask_decoder/pred_masks"
+        np.testing.assert_array_equal(a[masks], b[masks])
+        assert not np.array_equal(a[masks], a["float/prompt_encoder_mask_decoder/pred_masks"])
+
+
+def test_run_errors_are_one_line(tiny_npu_build, tmp_path) -> None:
+    result = cli("run", tiny_npu_build.output_dir, "--point", "1,2", "--point", "3,4",
+                 "--point", "5,6", "-o", tmp_path)  # fmt: skip
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        "error: --point given 3 times; this build takes at most 2 points (its shapes are static)"
+    )
+    result = cli("run", tmp_path, "-o", tmp_path / "x")
+    assert result.exit_code == 2 and "no manifest.json here" in result.stderr
+
+
+def test_every_build_writes_a_self_contained_report(tiny_npu_build) -> None:
+    text = (tiny_npu_build.output_dir / "report.html").read_text(encoding="utf-8")
+    assert "Content-Security-Policy" in text and "default-src 'none'" in text
+    assert not re.search(r"https?:", text)  # no address to fetch, anywhere
+    assert "<script" not in text.lower() and "<link" not in text.lower()
+    sources = re.findall(r'\b(?:src|href)="([^"]*)"', text)
+    assert sources and all(s.startswith("data:image/png;base64,") for s in sources)
+    assert text.count('class="layer-plot"') == 2  # both components' per-layer plots
+    assert "mask_iou" in text and "every gate passed" in text
+
+
+def test_report_renders_in_headless_chromium(tiny_npu_build, tmp_path) -> None:
+    if chromium_path() is None:
+        pytest.fail(f"headless Chromium is needed for this test: {INSTALL}")
+    report = tiny_npu_build.output_dir / "report.html"
+    browser = Chromium(tmp_path / "profile")
+    try:
+        browser.open_page()
+        browser.navigate(report.as_uri())
+        state = browser.evaluate(
+            "JSON.stringify({"
+            "images: [...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight]),"
+            "plots: [...document.querySelectorAll('svg.layer-plot')].map(s => {"
+            "  const r = s.getBoundingClientRect();"
+            "  return {x: r.x + scrollX, y: r.y + scrollY, width: r.width, height: r.height,"
+            "          lines: s.querySelectorAll('polyline').length}; }),"
+            "title: document.title})"
+        )
+        state = json.loads(state)
+        plot = state["plots"][0]
+        shot = browser.screenshot({k: plot[k] for k in ("x", "y", "width", "height")})
+        image = state["images"]
+        picture = json.loads(
+            browser.evaluate(
+                "JSON.stringify((() => { const r = document.images[0].getBoundingClientRect();"
+                "return {x: r.x + scrollX, y: r.y + scrollY, width: r.width, height: r.height};"
+                "})())"
+            )
+        )
+        picture_shot = browser.screenshot(picture)
+        events = list(browser.events)
+    finally:
+        browser.close()
+    requests = [e["params"]["request"]["url"] for e in events
+                if e["method"] == "Network.requestWillBeSent"]  # fmt: skip
+    assert requests and all(u.startswith(("file:", "data:")) for u in requests), requests
+    errors = [e["params"] for e in events if e["method"] == "Runtime.exceptionThrown"] + [
+        e["params"]["entry"] for e in events
+        if e["method"] == "Log.entryAdded" and e["params"]["entry"]["level"] == "error"
+    ]  # fmt: skip
+    assert not errors, errors
+    assert state["title"].startswith("sam3-tiny npu/w8a16")
+    assert image == [[True, 4 * pictures.PANEL + 5 * pictures.GUTTER, image[0][2]]]
+    assert len(state["plots"]) == 2 and all(p["lines"] == 2 and p["height"] > 100
+                                            for p in state["plots"])  # fmt: skip
+    with Image.open(io.BytesIO(shot)) as img:
+        pixels = np.asarray(img.convert("RGB")).reshape(-1, 3)
+    colours = {tuple(p) for p in pixels[:: max(1, len(pixels) // 50000)]}
+    assert len(colours) > 20, "the plot area is (nearly) blank"
+    # the target's line (#2060d0) and the simulation's (#e07b00) are drawn
+    for rgb in ((0x20, 0x60, 0xD0), (0xE0, 0x7B, 0x00)):
+        assert np.all(np.abs(pixels.astype(int) - rgb) < 40, axis=1).sum() > 50, rgb
+    with Image.open(io.BytesIO(picture_shot)) as img:
+        shown = np.asarray(img.convert("RGB")).reshape(-1, 3)
+    assert len(np.unique(shown, axis=0)) > 1000, "the run picture did not render"

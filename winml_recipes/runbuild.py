@@ -1,0 +1,209 @@
+"""`run`: a build folder on inputs a person has (a photo, SAM prompts, an npz), on the
+target's EP beside its float reference; writes the outputs, a JSON summary and a picture."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from winml_recipes.pipeline import BuildFolder, PipelineRun, open_build, run_float, run_target
+from winml_recipes.prompts import (
+    BOXES,
+    POINTS,
+    Box,
+    Point,
+    default_prompts,
+    prompt_feeds,
+    takes_prompts,
+)
+from winml_recipes.sdk.errors import RecipeError
+
+SAMPLE_PHOTO = "rocket_0.jpg"  # the bundled held-out photo `run` and the report default to
+
+
+def sample_photo() -> Path:
+    from winml_recipes.bundled import bundled_images
+
+    photos = bundled_images("heldout")
+    return next((p for p in photos if p.name == SAMPLE_PHOTO), photos[0])
+
+
+def _npz_inputs(path: Path, build: BuildFolder) -> dict[str, np.ndarray]:
+    known = {s.name for c in build.components for s in c.contract.inputs}
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as exc:
+        raise RecipeError(f"--npz: cannot read it: {exc}", where=str(path)) from None
+    unknown = sorted(set(arrays) - known)
+    if unknown:
+        raise RecipeError(
+            f"--npz: {', '.join(unknown)} not an input of the build; "
+            f"inputs: {', '.join(sorted(known))}",
+            where=str(path),
+        )
+    return arrays
+
+
+def prepare_inputs(
+    build: BuildFolder,
+    image: Path | None,
+    points: Sequence[Point],
+    boxes: Sequence[Box],
+    npz: Path | None,
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The pipeline's inputs and what they were (for the summary and the picture)."""
+    from PIL import Image
+
+    from winml_recipes.images import preprocess_image
+
+    inputs = _npz_inputs(npz, build) if npz else {}
+    about: dict[str, Any] = {"notes": []}
+    found = build.image_input()
+    frame_hw: tuple[int, int] | None = None
+    image_wh: tuple[int, int] | None = None
+    if found is not None:
+        _, spec = found
+        assert spec.image is not None
+        frame_hw = spec.image.size
+        if spec.name not in inputs:
+            if image is None:
+                image = sample_photo()
+                about["notes"].append(f"no --image: the bundled held-out photo {image.name}")
+            inputs[spec.name] = preprocess_image(Path(image), spec)
+    elif image is not None:
+        raise RecipeError(f"--image: {build.label} has no image input (pass --npz)")
+    if image is not None:
+        with Image.open(image) as img:
+            image_wh = img.size
+        about["image"] = str(image)
+        about["image_size"] = list(image_wh)
+    prompted = [c for c in build.components if takes_prompts([s.name for s in c.contract.inputs])]
+    if (points or boxes) and not prompted:
+        raise RecipeError(f"--point/--box: {build.label} takes no prompts")
+    if prompted and POINTS not in inputs:
+        comp = prompted[0]
+        frame = frame_hw or image_wh
+        if frame is None:
+            raise RecipeError("--point/--box need --image (or put input_points in --npz)")
+        wh = image_wh or (frame[1], frame[0])
+        prompts = default_prompts(points, boxes, wh)
+        about["notes"] += list(prompts.notes)
+        shape = comp.input_shape(POINTS) or ()
+        box_shape = comp.input_shape(BOXES) or ()
+        inputs |= prompt_feeds(
+            prompts,
+            wh,
+            frame,
+            shape[2] if len(shape) > 2 else None,
+            box_shape[1] if len(box_shape) > 1 else 1,
+        )
+        sx, sy = frame[1] / wh[0], frame[0] / wh[1]
+        about["points"] = [
+            {"x": p.x, "y": p.y, "label": p.label, "model_xy": [p.x * sx, p.y * sy]}
+            for p in prompts.points
+        ]
+        about["boxes"] = [[b.x1, b.y1, b.x2, b.y2] for b in prompts.boxes]
+        about["model_frame"] = list(frame)
+    return inputs, about
+
+
+def compare_pipelines(build: BuildFolder, ref: PipelineRun, cand: PipelineRun) -> dict[str, Any]:
+    """Per component output SQNR/cosine/max_abs, and the task metric where one applies."""
+    from winml_recipes.onnx.metrics import compare_runs
+    from winml_recipes.sdk.metrics import metric_for
+
+    out: dict[str, Any] = {"components": {}}
+    for comp in build.components:
+        metrics = compare_runs([ref.outputs[comp.name]], [cand.outputs[comp.name]])
+        out["components"][comp.name] = {
+            name: {k: m[k] for k in ("sqnr_db", "cosine", "max_abs")} for name, m in metrics.items()
+        }
+        metric = metric_for(build.task, comp.contract)
+        if metric is not None:
+            used = metric.outputs_used(comp.contract) or ()
+            values = metric.values(
+                [{n: ref.outputs[comp.name][n] for n in used}],
+                [{n: cand.outputs[comp.name][n] for n in used}],
+            )
+            out["task_metric"] = {
+                "component": comp.name, "task": build.task, "metric": metric.name, "values": values,
+            }  # fmt: skip
+    return out
+
+
+@dataclass
+class RunOutcome:
+    summary: dict[str, Any]
+    float_run: PipelineRun | None  # None: the build ships the float model itself
+    target_run: PipelineRun
+
+
+def run_build(build_dir: Path | str, **kwargs: Any) -> dict[str, Any]:
+    """`run_and_write`'s summary."""
+    return run_and_write(build_dir, **kwargs).summary
+
+
+def run_and_write(
+    build_dir: Path | str,
+    *,
+    image: Path | str | None = None,
+    points: Sequence[Point] = (),
+    boxes: Sequence[Box] = (),
+    npz: Path | str | None = None,
+    output_dir: Path | str | None = None,
+    compiled: bool | None = None,
+    picture: bool = True,
+) -> RunOutcome:
+    """Run the build's pipeline on the target and the float one; write `outputs.npz`,
+    `summary.json` and (image tasks) a PNG into `output_dir` (default BUILD_DIR/run)."""
+    from winml_recipes.pictures import draw_run
+
+    build = open_build(build_dir)
+    inputs, about = prepare_inputs(
+        build,
+        Path(image) if image else None,
+        points,
+        boxes,
+        Path(npz) if npz else None,
+    )
+    target = run_target(build, inputs, compiled)
+    has_float = any(c.reference is not None for c in build.components)
+    ref = run_float(build, inputs) if has_float else None
+    out = Path(output_dir) if output_dir else build.path / "run"
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {
+        "build": str(build.path),
+        "target": {"device": build.device, "precision": build.precision},
+        **about,
+        "target_run": target.ran_on,
+    }
+    arrays = {f"target/{c}/{n}": v for c, outs in target.outputs.items() for n, v in outs.items()}
+    if ref is not None:
+        summary["float_run"] = ref.ran_on
+        summary |= compare_pipelines(build, ref, target)
+        arrays |= {f"float/{c}/{n}": v for c, outs in ref.outputs.items() for n, v in outs.items()}
+    else:
+        summary["notes"].append("the build ships the float model itself: nothing to compare")
+    np.savez(out / "outputs.npz", **arrays)
+    summary["outputs"] = str(out / "outputs.npz")
+    if picture and about.get("image"):
+        stem = Path(about["image"]).stem
+        drawn = draw_run(
+            build, Path(about["image"]), about, ref, target, summary, out / f"{stem}.png"
+        )
+        if drawn is not None:
+            summary["picture"] = str(drawn)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_jsonable) + "\n")
+    return RunOutcome(summary, ref, target)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    return str(value)
