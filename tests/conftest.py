@@ -33,6 +33,8 @@ def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One step cache for the whole session (exports are reused), never the user's."""
     cache = tmp_path_factory.mktemp("cache")
     os.environ["WINML_RECIPES_CACHE"] = str(cache)
+    # The per-layer plot costs seconds per npu build; report tests ask for it (layers=True).
+    os.environ["WINML_RECIPES_REPORT_LAYERS"] = "0"
     os.environ.pop("WINML_RECIPES_CATALOG", None)
     return cache
 
@@ -159,4 +161,6 @@ def tiny_npu_build(tmp_path_factory: pytest.TempPathFactory):
     from winml_recipes import api
 
     out = tmp_path_factory.mktemp("tiny-npu-build")
-    return api.build(RECIPES / "sam3-tiny.yaml", device="npu", precision="w8a16", output_root=out)
+    result = api.build(RECIPES / "sam3-tiny.yaml", device="npu", precision="w8a16", output_root=out)
+    api.report(result.output_dir, layers=True)  # the per-layer plot, off for the other builds
+    return result

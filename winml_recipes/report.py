@@ -9,6 +9,8 @@ versions. Written at the end of every successful build; `winml-recipes report` r
 
 from __future__ import annotations
 
+import os
+
 import base64
 import html
 import tempfile
@@ -136,9 +138,14 @@ def _model_mb(build: BuildFolder) -> float:
     return sum(f.stat().st_size for p in paths for f in p.parent.glob("model.onnx*")) / 1e6
 
 
+LAYERS_ENV = "WINML_RECIPES_REPORT_LAYERS"  # 0: builds' reports skip the per-layer plot
+
+
 def _layers_wanted(build: BuildFolder, layers: bool | None) -> tuple[bool, str]:
     if layers is not None:
         return layers, "asked for" if layers else "turned off (--no-layers)"
+    if os.environ.get(LAYERS_ENV) == "0":
+        return False, f"turned off ({LAYERS_ENV}=0)"
     if build.precision not in QUANTIZED or build.device != "npu":
         return False, (
             f"computed by default only for quantized npu builds ({build.device}/"
