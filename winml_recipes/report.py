@@ -9,10 +9,9 @@ versions. Written at the end of every successful build; `winml-recipes report` r
 
 from __future__ import annotations
 
-import os
-
 import base64
 import html
+import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
