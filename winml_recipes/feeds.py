@@ -21,6 +21,7 @@ import numpy as np
 
 from winml_recipes.datafiles import require_regular_file
 from winml_recipes.images import preprocess_image
+from winml_recipes.prompts import PROMPT_PLAN
 from winml_recipes.sdk.contract import IOContract, TensorSpec, resolve_shape
 from winml_recipes.sdk.errors import PassError, PlanError
 from winml_recipes.sdk.types import DataRead, UpstreamComponent
@@ -36,15 +37,35 @@ def sample_seed(seed: int, index: int) -> int:
 
 
 def synthetic(contract: IOContract, samples: int, seed: int) -> FeedFactory:
+    """Seeded inputs from the contract; SAM-style prompt inputs get prompts placed as people
+    prompt (prompts.synthetic_prompts), not uniform noise (boxes with x2 < x1, all padding)."""
     from winml_recipes.onnx.inputs import make_inputs
+    from winml_recipes.prompts import synthetic_prompts
 
     specs = list(contract.inputs)
+    frame = prompt_frame(contract)
+    shapes = {s.name: resolve_shape(s, contract.dims) for s in specs}
 
     def gen() -> Iterator[Feed]:
         for i in range(samples):
-            yield make_inputs(specs, contract.dims, seed=sample_seed(seed, i), count=1)[0]
+            feed = make_inputs(specs, contract.dims, seed=sample_seed(seed, i), count=1)[0]
+            if frame is not None:
+                feed.update(synthetic_prompts(shapes, frame, i, seed))
+            yield feed
 
     return gen
+
+
+def prompt_frame(contract: IOContract) -> float | None:
+    """The pixel frame of a SAM-style contract's prompts (input_points' range), else None."""
+    from winml_recipes.prompts import POINTS, takes_prompts
+
+    points = contract.input(POINTS)
+    if points is None or not takes_prompts([s.name for s in contract.inputs]):
+        return None
+    if points.range is None or float(points.range[1]) <= 1.0:
+        return None  # not pixel coordinates: leave them to the contract's range
+    return float(points.range[1])
 
 
 def _spec_text(spec: TensorSpec, dims: Mapping[str, int]) -> str:
@@ -511,11 +532,16 @@ def bundled_image_input(contract: IOContract) -> TensorSpec | None:
 def describe_source(options: Mapping[str, Any] | None, contract: IOContract, held_out: bool) -> str:
     """What a step's samples are: `npz: calib.npz`, `bundled photos (calibration)`, ..."""
     opts = dict(options or {})
-    for key in ("npz", "images", "dataset", "inputs_from"):
+    for key in ("npz", "images", "dataset"):
         if opts.get(key):
             return f"{key}: {opts[key]}"
+    if opts.get("inputs_from"):
+        prompts = f"; {PROMPT_PLAN}" if prompt_frame(contract) is not None else ""
+        return f"inputs_from: {opts['inputs_from']}{prompts}"
     if bundled_image_input(contract) is not None:
         return f"bundled photos ({'heldout' if held_out else 'calibration'} set)"
+    if prompt_frame(contract) is not None:
+        return f"synthetic (catalog I/O contract; {PROMPT_PLAN})"
     return "synthetic (catalog I/O contract)"
 
 

@@ -115,3 +115,41 @@ def prompt_feeds(
         [[[b.x1 * sx, b.y1 * sy, b.x2 * sx, b.y2 * sy] for b in prompts.boxes]], np.float32
     )
     return {POINTS: coords, LABELS: labels, BOXES: boxes}
+
+
+# Synthetic prompts for calibration and verification, placed as people prompt: a
+# foreground click on a jittered grid cell of the frame (a different cell per sample),
+# then a background click elsewhere or padding, and a box around the foreground click.
+PROMPT_GRID = 4
+PROMPT_PLAN = f"{PROMPT_GRID}x{PROMPT_GRID} grid prompts: fg point, bg point or padding, box"
+
+
+def synthetic_prompts(
+    shapes: dict[str, tuple[int, ...]], frame: float, index: int, seed: int
+) -> dict[str, np.ndarray]:
+    """Points, labels and boxes (those of `shapes` the model takes) for sample `index`,
+    in the model's `frame` (its input side in pixels)."""
+    rng = np.random.default_rng([seed, index])
+    points_shape = shapes[POINTS]
+    rows = int(np.prod(points_shape[:-2]))  # every prompt of the sample (batch x 1)
+    slots = points_shape[-2]
+    cell = frame / PROMPT_GRID
+    points = np.zeros((rows, slots, 2), np.float32)
+    labels = np.full((rows, slots), PADDING_LABEL, np.int64)
+    boxes = np.zeros((rows, 4), np.float32)
+    for r in range(rows):
+        k = (index * rows + r) * 7 % (PROMPT_GRID * PROMPT_GRID)  # 7 is coprime with 16
+        fg = (np.array([k % PROMPT_GRID, k // PROMPT_GRID]) + 0.5) * cell
+        fg = fg + rng.uniform(-cell / 4, cell / 4, 2)
+        points[r, 0], labels[r, 0] = fg, 1
+        if slots > 1 and (index + r) % 2 == 0:  # a background click in the opposite cell
+            bg = frame - fg + rng.uniform(-cell / 4, cell / 4, 2)
+            points[r, 1], labels[r, 1] = np.clip(bg, 0, frame), 0
+        half = rng.uniform(0.12, 0.3, 2) * frame
+        boxes[r] = np.clip([*(fg - half), *(fg + half)], 0, frame)
+    out = {
+        POINTS: points.reshape(points_shape),
+        LABELS: labels.reshape(shapes[LABELS]) if LABELS in shapes else None,
+        BOXES: boxes.reshape(shapes[BOXES]) if BOXES in shapes else None,
+    }
+    return {k: v for k, v in out.items() if v is not None}

@@ -133,3 +133,26 @@ def test_labels_offset_or_clipped_into_a_table_stay_in_its_rows() -> None:
     assert integer_values(model, "labels") == ((-1, 3), None)
     assert integer_values(model, "other") == ((0, 4), None)
     assert integer_values(model, "third") == ((1, 5), None)
+
+
+def test_sam_prompts_are_placed_as_people_prompt() -> None:
+    """Uniform noise gave boxes with x2 < x1 and prompts of padding only; synthetic SAM
+    prompts put a foreground click on a grid cell (another per sample), a background click
+    or padding, and a box around the click, inside the frame."""
+    from winml_recipes.catalog import load_entry
+    from winml_recipes.feeds import describe_source, synthetic, take
+
+    contract = load_entry("sam3-tiny").components["prompt_encoder_mask_decoder"].contract
+    feeds = take(synthetic(contract, 16, seed=3), 16)
+    firsts = set()
+    for feed in feeds:
+        points, labels, boxes = feed["input_points"], feed["input_labels"], feed["input_boxes"]
+        assert labels[0, 0, 0] == 1 and labels[0, 0, 1] in (0, -1)
+        x1, y1, x2, y2 = boxes[0, 0]
+        assert 0 <= x1 < x2 <= 112 and 0 <= y1 < y2 <= 112
+        fx, fy = points[0, 0, 0]
+        assert x1 <= fx <= x2 and y1 <= fy <= y2  # the box is around the foreground click
+        firsts.add((int(fx // 28), int(fy // 28)))  # its grid cell
+    assert len(firsts) == 16  # every cell of the 4x4 grid, once
+    assert {int(f["input_labels"][0, 0, 1]) for f in feeds} == {0, -1}
+    assert "grid prompts" in describe_source(None, contract, held_out=False)
