@@ -351,11 +351,12 @@ def manifest_schema() -> dict[str, Any]:
             "contract": {
                 "type": "object",
                 "description": "The inputs as the build used them (dtype, shape with named "
-                "dims, range, values, image) and the dims' values: compare and run feed the "
-                "built model from them.",
+                "dims, range, values, image), the outputs and the dims' values: compare and "
+                "run feed the built model from them.",
                 "additionalProperties": False,
                 "properties": {
                     "inputs": {"type": "object", "additionalProperties": {"type": "object"}},
+                    "outputs": {"type": "object", "additionalProperties": {"type": "object"}},
                     "dims": {"type": "object", "additionalProperties": {"type": "integer"}},
                 },
             },

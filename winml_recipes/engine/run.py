@@ -535,8 +535,8 @@ def ship_component(
 
 def contract_record(contract: IOContract) -> dict[str, Any]:
     """The component's inputs as the build used them (dtype, shape with named dims, range,
-    values, image preprocessing) and the dims' values: tools that feed the built model
-    (compare, run) read them from the manifest, with no recipe or catalog at hand."""
+    values, image preprocessing), its outputs and the dims' values: tools that feed the
+    built model (compare, run) read them from the manifest, with no recipe or catalog."""
 
     def spec(s) -> dict[str, Any]:
         out: dict[str, Any] = {"dtype": s.dtype, "shape": list(s.shape)}
@@ -551,6 +551,7 @@ def contract_record(contract: IOContract) -> dict[str, Any]:
 
     return {
         "inputs": {s.name: spec(s) for s in contract.inputs},
+        "outputs": {s.name: {"dtype": s.dtype, "shape": list(s.shape)} for s in contract.outputs},
         "dims": {k: int(v) for k, v in sorted(contract.dims.items())},
     }
 

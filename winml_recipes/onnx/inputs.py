@@ -130,10 +130,12 @@ def names_one_dim(raw: str, tensor_dims: list[str]) -> bool:
     return not _ANONYMOUS.match(raw) and tensor_dims.count(raw) == 1
 
 
-# Ops an integer input passes through on its way to what it indexes or masks.
+# Ops an integer input passes through on its way to what it indexes or masks (Clip only
+# narrows it: SAM's labels are clamped at 0 before indexing the point embeddings).
 _PASS_THROUGH = frozenset(
-    {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand", "Transpose"}
-)
+    {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand", "Transpose",
+     "Clip"}
+)  # fmt: skip
 _MASK_OPS = frozenset({"Not", "And", "Or", "Xor"})
 # What an image model takes when nothing says otherwise: ImageNet's normalization.
 IMAGE_MEAN = (0.485, 0.456, 0.406)
