@@ -192,6 +192,8 @@ def _assemble(
         if comp.name not in chains:
             continue
         records, state = chains[comp.name]
+        if failure is not None and state.digest == comp.source.digest:
+            state = replace(state, model=None)  # nothing made yet: its source is not evidence
         components[comp.name], model = ship_component(
             comp, records, state, staging, partial=failure is not None
         )
