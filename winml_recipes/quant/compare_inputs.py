@@ -5,7 +5,8 @@ A candidate from a build folder has its component's input contract in the manife
 (ranges, allowed values such as SAM's labels {-1, 0, 1}, image preprocessing, dims). Any
 other candidate is read from its own graph: shapes from its static dims (an npu model has
 them after fix_shapes, where the float reference's dynamic dims would default to 1 and be
-refused), float inputs within the range their QuantizeLinear was calibrated on, safe
+refused), float inputs within the range their QuantizeLinear was calibrated on (where
+[-1, 1) would leave it), safe
 values for integer inputs from the float reference (ids below the table they index,
 {0, 1} for masks: onnx.inputs.specs_from_model).
 """
@@ -54,7 +55,8 @@ def compare_contract(
         else:
             chosen = _with_reference_values(spec, ref_specs.get(spec.name))
             calibrated = _calibrated_range(model, spec) if chosen.image is None else None
-            if calibrated is not None:
+            if calibrated is not None and not _inside(chosen.range, calibrated):
+                # the default would be clipped (e.g. pixel coordinates calibrated on 0..112)
                 chosen = dataclasses.replace(chosen, range=calibrated)
         if spec.name in (ranges or {}) or spec.name in (values or {}):
             chosen = dataclasses.replace(
@@ -98,6 +100,12 @@ def _with_reference_values(spec: TensorSpec, ref: TensorSpec | None) -> TensorSp
     if spec.values is None and spec.range in (None, DEFAULT_INT_RANGE):
         return dataclasses.replace(spec, range=ref.range, values=ref.values)
     return spec
+
+
+def _inside(inner: tuple[float, float] | None, outer: tuple[float, float]) -> bool:
+    """Whether `inner` lies within `outer` (drawing uniformly over a whole calibrated
+    range would push later activations past theirs more than real data does)."""
+    return inner is not None and outer[0] <= inner[0] and inner[1] <= outer[1]
 
 
 def _calibrated_range(model, spec: TensorSpec) -> tuple[float, float] | None:
