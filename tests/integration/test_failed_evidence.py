@@ -146,6 +146,7 @@ def test_a_pool_worker_failure_keeps_its_evidence(tmp_path: Path) -> None:
     failed = out / "mlp" / "npu-w8a16.failed"
     assert outcome["evidence_dir"] == str(failed)
     assert outcome["error"].endswith(f"; evidence kept in {failed}/")
+    assert 0 < outcome["metrics"]["min_sqnr_db"] < 250  # the summary shows what it measured
     manifest = json.loads((failed / "manifest.json").read_text())
     assert manifest["failing_step"] == "model/verify"
     assert (failed / "model" / "model.onnx").is_file()

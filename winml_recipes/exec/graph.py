@@ -250,7 +250,7 @@ class TaskGraph:
                 continue
             task = self.tasks[index]
             plan = self.plans[index]
-            error, evidence = self._keep_evidence(index, node, result)
+            error, evidence, metrics = self._keep_evidence(index, node, result)
             self._target_done(
                 index,
                 TargetOutcome(
@@ -261,6 +261,7 @@ class TaskGraph:
                     exit_code=result.exit_code,
                     error=error,
                     evidence_dir=evidence,
+                    metrics=metrics,
                     failing_step=result.failing_step,
                     error_data=result.error_data,
                     wall_seconds=result.wall_seconds,
@@ -277,14 +278,19 @@ class TaskGraph:
 
     def _keep_evidence(
         self, index: int, failed: Node, result: TaskResult
-    ) -> tuple[str | None, str | None]:
+    ) -> tuple[str | None, str | None, dict[str, Any]]:
         """A target whose steps task failed keeps what it made so far in its `.failed`
         folder (each component's records and last model up to the failure): the error
-        naming the folder, and the folder (None: nothing ran, or it could not be kept)."""
+        naming the folder, the folder (None: nothing ran, or it could not be kept) and
+        the key metrics of what it made (the summary's size and lowest SQNR)."""
+        import json
+        from pathlib import Path
+
+        from winml_recipes.exec.task import key_metrics
         from winml_recipes.exec.work import keep_failed_evidence
 
         if failed.kind != "steps":
-            return result.error, None
+            return result.error, None, {}
         chains: dict[str, tuple[list[dict[str, Any]], Any]] = {}
         for comp, ids in self.nodes[f"assemble:{index}"].chains.items():
             records: list[dict[str, Any]] = []
@@ -308,10 +314,11 @@ class TaskGraph:
                 self.tasks[index], self.plans[index], chains, result.error or "", wall
             )
         except Exception as exc:  # the target's own error matters more
-            return f"{result.error}; no evidence kept ({type(exc).__name__}: {exc})", None
+            return f"{result.error}; no evidence kept ({type(exc).__name__}: {exc})", None, {}
         if folder is None:
-            return result.error, None
-        return f"{result.error}; evidence kept in {folder}/", folder
+            return result.error, None, {}
+        manifest = json.loads((Path(folder) / "manifest.json").read_text())
+        return f"{result.error}; evidence kept in {folder}/", folder, key_metrics(manifest)
 
     def _span(self, index: int, outcome: TargetOutcome) -> dict[str, Any]:
         """A target's wall time: from its first task's start to its assembly's end; the
