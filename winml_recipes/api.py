@@ -224,8 +224,9 @@ def build_onnx(
 
 def compare(
     candidate: Path | str,
-    reference: Path | str,
+    reference: Path | str | None = None,
     *,
+    component: str | None = None,
     device: str = "npu",
     npz: str | None = None,
     samples: int = 2,
@@ -235,46 +236,65 @@ def compare(
     values: dict[str, tuple[float, ...]] | None = None,
 ) -> dict[str, Any]:
     """Per-tensor comparison of a QDQ model on the device's EP vs its CPU simulation and
-    the float model: which tensor first goes wrong on the target.
+    the float model: which tensor first goes wrong on the target, and which layers lose
+    the most precision against float (`ranking`, most first).
 
-    Inputs: `npz` (a file or glob of .npz files with the model's input names), else seeded
-    synthetic data from the reference's input types, with `ranges` ([low, high), integers
-    high-exclusive) or allowed `values` per input name.
+    `candidate`: a .onnx file, or a build folder's component (its folder, or the build
+    folder with `component`; a failed build's `.failed` folder too). `reference`: the float
+    model (default for a build folder: the float model the build verified against, from
+    the step cache). Inputs: `npz` (a file or glob of .npz files with the model's input
+    names), else what the build fed the component (the manifest's input contract, with the
+    bundled photos for an image input), else seeded data shaped as the candidate takes it;
+    `ranges` ([low, high), integers high-exclusive) or allowed `values` per input name
+    override the synthetic ones.
     """
-    import dataclasses
     import tempfile
 
-    from winml_recipes.feeds import check_npz, from_npz, npz_files, synthetic, take
+    from winml_recipes.buildfolder import find_component, float_reference, verify_upstream
+    from winml_recipes.feeds import (
+        bundled_image_input,
+        check_npz,
+        feeds_for,
+        from_npz,
+        npz_files,
+        take,
+    )
     from winml_recipes.hub import local_model_file
-    from winml_recipes.onnx.inputs import specs_from_model
-    from winml_recipes.onnx.io import load_model
     from winml_recipes.presets import resolve_target
-    from winml_recipes.quant.divergence import compare_tensors, first_divergence
-    from winml_recipes.sdk.contract import IOContract
+    from winml_recipes.quant.compare_inputs import compare_contract
+    from winml_recipes.quant.divergence import compare_tensors, first_divergence, rank_by_loss
     from winml_recipes.sdk.errors import RecipeError, WinmlError
 
     resolve_target(device, "fp32")
-    candidate, reference = local_model_file(str(candidate)), local_model_file(str(reference))
-    specs, dims = specs_from_model(load_model(reference, load_external_data=False))
-    known = {s.name for s in specs}
-    for name in [*(ranges or {}), *(values or {})]:
-        if name not in known:
-            raise RecipeError(f"--range/--values: '{name}' is not an input; inputs: {known}")
-    specs = [
-        dataclasses.replace(
-            s,
-            range=(ranges or {}).get(s.name, s.range),
-            values=(values or {}).get(s.name, s.values),
-        )
-        for s in specs
-    ]
-    contract = IOContract(inputs=tuple(specs), dims=dims)
+    local = Path(candidate)
+    built = find_component(local, component) if local.exists() else None
+    candidate = built.model if built is not None else local_model_file(str(candidate))
+    if reference is None:
+        if built is None:
+            raise RecipeError(
+                f"{candidate}: give REFERENCE (the float model); it is found by itself only "
+                "for a model of a build folder"
+            )
+        reference = float_reference(built)
+    else:
+        reference = local_model_file(str(reference))
+    contract, inputs_from = compare_contract(candidate, reference, built, ranges, values)
     if npz:
         files = npz_files(npz, Path.cwd())
         check_npz(files, contract)
         factory = from_npz(files, contract, samples)
+        inputs_from = f"npz: {npz}"
     else:
-        factory = synthetic(contract, samples, seed)
+        upstream = verify_upstream(built) if built is not None and not (ranges or values) else None
+        if upstream is not None:  # as the build verified it: the upstream's float outputs
+            up, per = upstream
+            options = {"inputs_from": up.name, "samples_per_upstream": per}
+            factory = feeds_for(options, contract, Path.cwd(), {up.name: up}, samples, seed)
+            inputs_from += f", {up.name}'s float outputs on the bundled photos (held-out set)"
+        else:
+            factory = feeds_for(None, contract, Path.cwd(), {}, samples, seed, held_out=True)
+            if bundled_image_input(contract) is not None:
+                inputs_from += ", bundled photos (held-out set) for the image input"
     feeds = take(factory, samples)
     with tempfile.TemporaryDirectory(prefix="winml-compare-") as tmp:
         try:
@@ -288,8 +308,11 @@ def compare(
         "reference": str(reference),
         "device": device,
         "samples": len(feeds),
+        "inputs_from": inputs_from,
+        **({"build_status": built.manifest.get("status", "ok")} if built is not None else {}),
         **record,
         "first_divergence": first.to_json() if first else None,
+        "ranking": [r.tensor for r in rank_by_loss(rows)],
         "tensors": [r.to_json() for r in rows],
     }
 

@@ -290,8 +290,13 @@ def manifest_schema() -> dict[str, Any]:
             "implementation": {"type": "string"},
             "version": {"type": "integer"},
             "options": {"type": "object"},
-            "status": {"enum": ["ran", "cached", "skipped"]},
+            "status": {
+                "enum": ["ran", "cached", "skipped", "failed"],
+                "description": "failed: the step that stopped a failed build (its manifest "
+                "is in the target's .failed folder).",
+            },
             "reason": {"type": "string"},
+            "error": {"type": "string", "description": "A failed step's one-line error."},
             "wall_seconds": {"type": "number", "minimum": 0},
             "peak_rss_mb": {
                 "type": ["number", "null"],
@@ -341,8 +346,20 @@ def manifest_schema() -> dict[str, Any]:
     component = {
         "type": "object",
         "additionalProperties": False,
-        "required": ["source", "steps", "artifact"],
+        "required": ["source", "steps"],
         "properties": {
+            "contract": {
+                "type": "object",
+                "description": "The inputs as the build used them (dtype, shape with named "
+                "dims, range, values, image), the outputs and the dims' values: compare and "
+                "run feed the built model from them.",
+                "additionalProperties": False,
+                "properties": {
+                    "inputs": {"type": "object", "additionalProperties": {"type": "object"}},
+                    "outputs": {"type": "object", "additionalProperties": {"type": "object"}},
+                    "dims": {"type": "object", "additionalProperties": {"type": "integer"}},
+                },
+            },
             "source": {
                 "type": "object",
                 "additionalProperties": False,
@@ -364,6 +381,8 @@ def manifest_schema() -> dict[str, Any]:
                 "properties": {"path": {"type": "string"}, "sha256": sha},
             },
             "artifact": {
+                "description": "The shipped model (absent only in a failed build's evidence, "
+                "for a component that had no model yet).",
                 "type": "object",
                 "additionalProperties": False,
                 "required": ["path", "size_bytes", "sha256", "files"],
@@ -427,6 +446,17 @@ def manifest_schema() -> dict[str, Any]:
             },
             "target": _target_schema(),
             "wall_seconds": {"type": "number", "minimum": 0},
+            "status": {
+                "enum": ["ok", "failed"],
+                "description": "failed: the evidence a failed build keeps in "
+                "build/<recipe>/<device>-<precision>.failed/ (the models made so far, each "
+                "component's last; the steps that ran and the failed one).",
+            },
+            "error": {"type": "string", "description": "failed: the build's one-line error."},
+            "failing_step": {
+                "type": ["string", "null"],
+                "description": "failed: component/step.",
+            },
             "components": {"type": "object", "additionalProperties": component},
         },
     }
@@ -463,6 +493,11 @@ def report_schema() -> dict[str, Any]:
             "wall_seconds": number,
             "output_dir": maybe_text,
             "manifest_path": maybe_text,
+            "evidence_dir": {
+                **maybe_text,
+                "description": "failed: the .failed folder holding the models made so far "
+                "and a manifest with status failed (null: nothing ran, or none was kept).",
+            },
             "metrics": {
                 "type": "object",
                 "additionalProperties": False,

@@ -59,9 +59,10 @@ def test_all_targets_stops_at_the_first_failure_and_json_reports_it(tmp_path) ->
     assert cpu["error"].startswith(f"{recipe}:7 (line of the rendered recipe): model/verify "
                                    "[cpu/fp32]: verification on cpu")  # fmt: skip
     assert cpu["manifest_path"] is None
+    assert cpu["evidence_dir"] == str(out / "mlp" / "cpu-fp32.failed")  # what it made so far
     assert (npu["device"], npu["status"]) == ("npu", "not run")
     assert "--keep-going" in npu["error"]
-    assert not (out / "mlp").exists() or not any((out / "mlp").iterdir())
+    assert sorted(p.name for p in (out / "mlp").iterdir()) == ["cpu-fp32.failed"]
 
 
 def test_keep_going_builds_the_rest_and_the_report_file_lists_both(tmp_path) -> None:
@@ -75,7 +76,8 @@ def test_keep_going_builds_the_rest_and_the_report_file_lists_both(tmp_path) -> 
     assert result.stderr.splitlines() == [
         f"error: {recipe}:7 (line of the rendered recipe): model/verify [cpu/fp32]: "
         "verification on cpu failed: "
-        "y: SQNR 200 dB (gate >= 250 dB, margin -50 dB) FAIL"
+        f"y: SQNR 200 dB (gate >= 250 dB, margin -50 dB) FAIL; evidence kept in "
+        f"{out / 'mlp' / 'cpu-fp32.failed'}/"
     ]
     assert "built mlp for npu/fp32 in" in result.stdout
     report = valid_report(report_path)
@@ -87,6 +89,7 @@ def test_keep_going_builds_the_rest_and_the_report_file_lists_both(tmp_path) -> 
     assert npu["metrics"]["size_mb"] > 0
     assert npu["metrics"]["steps_ran"] + npu["metrics"]["steps_cached"] >= 2
     assert not (out / "mlp" / "cpu-fp32").exists()
+    assert (out / "mlp" / "cpu-fp32.failed" / "model" / "model.onnx").is_file()
 
 
 def test_report_of_a_good_build_and_json_stays_the_manifest(tmp_path) -> None:

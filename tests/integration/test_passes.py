@@ -73,16 +73,18 @@ def test_fix_shapes_uses_catalog_dims_and_overrides(tmp_path) -> None:
     assert _steps(result)["fix_shapes"]["metrics"] == {"fixed": {"batch": 5}}
 
 
-def test_verify_below_threshold_fails_and_writes_nothing(tmp_path) -> None:
+def test_verify_below_threshold_fails_and_writes_only_evidence(tmp_path) -> None:
     recipe = make_mlp_project(tmp_path, steps="[normalize, {verify: {min_sqnr_db: 250}}]")
     result = cli("build", recipe, "-o", tmp_path / "build")
     assert result.exit_code == 3  # a quality gate, not bad input
-    # where: the recipe line of the step, the component/step and the target
+    failed = tmp_path / "build" / "mlp" / "cpu-fp32.failed"
+    # where: the recipe line of the step, the component/step and the target; the evidence
     assert result.stderr.strip() == (
         f"error: {recipe}:7: model/verify [cpu/fp32]: verification on cpu failed: "
-        "y: SQNR 200 dB (gate >= 250 dB, margin -50 dB) FAIL"
+        f"y: SQNR 200 dB (gate >= 250 dB, margin -50 dB) FAIL; evidence kept in {failed}/"
     )
     assert not (tmp_path / "build" / "mlp" / "cpu-fp32").exists()
+    assert (failed / "manifest.json").is_file()
 
 
 def test_verify_checks_output_shapes_against_contract(tmp_path) -> None:

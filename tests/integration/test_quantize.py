@@ -294,12 +294,19 @@ def assert_plan_error_wrote_nothing(p: Project, recipe: Path, *args: str) -> str
 
 
 def assert_run_error_wrote_nothing(p: Project, recipe: Path, device: str, precision: str) -> str:
-    """`build` fails while running: no target output, nothing but a lock file under the output
-    root, and no quantize result in the cache."""
+    """`build` fails while running: no target output, nothing under the output root but
+    a lock file and the failed build's evidence (`<target>.failed/`, named in the error),
+    and no quantize result in the cache."""
     message = user_error("build", recipe, "-o", p.out, "--device", device, "--precision", precision)
-    assert not (p.out / recipe.stem / f"{device}-{precision}").exists()
-    leftovers = [f for f in p.out.rglob("*") if f.is_file() and not f.name.endswith(".lock")]
+    target = p.out / recipe.stem / f"{device}-{precision}"
+    assert not target.exists()
+    failed = target.with_name(target.name + ".failed")
+    leftovers = [f for f in p.out.rglob("*") if f.is_file() and not f.name.endswith(".lock")
+                 and failed not in f.parents]  # fmt: skip
     assert leftovers == []
+    if failed.exists():
+        assert message.endswith(f"; evidence kept in {failed}/")
+        message = message.removesuffix(f"; evidence kept in {failed}/")
     assert quantize_entries(p.cache) == []
     return message
 

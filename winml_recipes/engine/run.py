@@ -31,6 +31,12 @@ GRAPH_DIGEST = "graph.yaml"
 # (not inside the component's deployable folder) so `run` and the report can compare with
 # it after the cache is gone, on another machine, without the recipe.
 REFERENCE_DIR = "float-reference"
+FAILED_SUFFIX = ".failed"  # build/<recipe>/<device>-<precision>.failed: a failed build's evidence
+# The attribute of a step's exception that carries the chains so far (component -> records
+# with the failed step's, and the state before it): what a failed build keeps.
+EVIDENCE = "evidence_chains"
+
+Chains = dict[str, "tuple[list[dict[str, Any]], ChainState]"]
 
 
 class Reporter:
@@ -105,10 +111,15 @@ def run_plan(
         chains: dict[str, tuple[list[dict[str, Any]], ChainState]] = {}
         built: dict[str, UpstreamComponent | None] = {}
         for comp in plan.components:
-            records, state = run_steps(
-                comp, comp.steps, plan, staging / ".work", cache, begin_chain(comp), built,
-                budget_mb, reporter,
-            )  # fmt: skip
+            try:
+                records, state = run_steps(
+                    comp, comp.steps, plan, staging / ".work", cache, begin_chain(comp), built,
+                    budget_mb, reporter,
+                )  # fmt: skip
+            except Exception as exc:
+                # the components built before the failing one are evidence too
+                setattr(exc, EVIDENCE, {**chains, **getattr(exc, EVIDENCE, {})})
+                raise
             chains[comp.name] = (records, state)
             built[comp.name] = upstream_of(comp, state)
         return chains
@@ -132,7 +143,11 @@ def write_output(
 ) -> BuildResult:
     """Under the target's lock: `chains_of(staging)` gives each component's step records
     and final state (by running the steps, or from steps another process ran), which are
-    shipped into a staging folder with the manifest and swapped into place at once."""
+    shipped into a staging folder with the manifest and swapped into place at once.
+
+    A step that fails leaves the previous output as it was; what the build had made so
+    far goes to `<output>.failed/` (see `keep_evidence`), named in the error. A build that
+    succeeds removes its target's `.failed/`."""
     out_dir = output_dir_for(plan, output_root)
     with exclusive(
         lock_path_for(out_dir), out_dir, wait_seconds=wait_seconds, on_wait=reporter.message
@@ -142,21 +157,19 @@ def write_output(
         staging.mkdir(parents=True)
         try:
             started = time.perf_counter()
-            chains = chains_of(staging)
-            components: dict[str, Any] = {}
-            models: dict[str, Path] = {}
-            for comp in plan.components:
-                records, state = chains[comp.name]
-                components[comp.name], models[comp.name] = ship_component(
-                    comp, records, state, staging
-                )
-            order = [c.name for c in plan.recipe.catalog.components.values()]
-            components = {n: components[n] for n in order if n in components}
+            try:
+                chains = chains_of(staging)
+            except WinmlError as exc:
+                evidence = getattr(exc, EVIDENCE, None)
+                if evidence:
+                    _note_evidence(exc, plan, out_dir, staging, evidence,
+                                   time.perf_counter() - started)  # fmt: skip
+                raise
             wall = time.perf_counter() - started if wall_seconds is None else wall_seconds
-            manifest = _manifest(plan, components, wall)
-            (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+            manifest, models = _assemble(plan, chains, staging, wall)
             shutil.rmtree(staging / ".work", ignore_errors=True)
             _swap_into_place(staging, out_dir)
+            shutil.rmtree(failed_dir_for(out_dir), ignore_errors=True)  # superseded
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         _write_report(out_dir, reporter)
@@ -174,6 +187,92 @@ def _write_report(out_dir: Path, reporter: Reporter) -> None:
     except Exception as exc:  # the build succeeded: say why there is no report, go on
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         reporter.message(f"report.html not written: {first}; run `winml-recipes report {out_dir}`")
+
+
+def failed_dir_for(out_dir: Path) -> Path:
+    """Where a failed build of the target at `out_dir` keeps its evidence."""
+    return out_dir.with_name(out_dir.name + FAILED_SUFFIX)
+
+
+def _assemble(
+    plan: Plan,
+    chains: Chains,
+    staging: Path,
+    wall: float,
+    failure: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Ship the components of `chains` into `staging` (catalog order) and write the
+    manifest there (`failure`: the failed build's status, error and failing step)."""
+    components: dict[str, Any] = {}
+    models: dict[str, Path] = {}
+    for comp in plan.components:
+        if comp.name not in chains:
+            continue
+        records, state = chains[comp.name]
+        if failure is not None and state.digest == comp.source.digest:
+            state = replace(state, model=None)  # nothing made yet: its source is not evidence
+        components[comp.name], model = ship_component(
+            comp, records, state, staging, partial=failure is not None
+        )
+        if model is not None:
+            models[comp.name] = model
+    order = [c.name for c in plan.recipe.catalog.components.values()]
+    components = {n: components[n] for n in order if n in components}
+    manifest = _manifest(plan, components, wall)
+    manifest |= failure or {"status": "ok"}
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest, models
+
+
+def keep_evidence(
+    plan: Plan,
+    output_root: Path,
+    chains: Chains,
+    error: str,
+    wall: float,
+    wait_seconds: float = 600.0,
+) -> Path:
+    """Write a failed build's evidence (`chains`: each component's records, the failed
+    step's last, and its last state) to `<output>.failed/`, under the target's output
+    lock, replacing an older one; the good output is not touched. Returns the folder."""
+    out_dir = output_dir_for(plan, output_root)
+    with exclusive(lock_path_for(out_dir), out_dir, wait_seconds=wait_seconds):
+        _sweep_stale(out_dir)
+        staging = out_dir.parent / f".staging-{out_dir.name}-{os.getpid()}"
+        staging.mkdir(parents=True)
+        try:
+            return _write_evidence(plan, out_dir, staging, chains, error, wall)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write_evidence(
+    plan: Plan, out_dir: Path, staging: Path, chains: Chains, error: str, wall: float
+) -> Path:
+    failing = next(
+        (f"{name}/{r['pass']}" for name, (records, _) in chains.items() for r in records
+         if r.get("status") == "failed"),
+        None,
+    )  # fmt: skip
+    failure = {"status": "failed", "error": error, "failing_step": failing}
+    _assemble(plan, chains, staging, wall, failure)
+    shutil.rmtree(staging / ".work", ignore_errors=True)
+    failed = failed_dir_for(out_dir)
+    _swap_into_place(staging, failed)
+    return failed
+
+
+def _note_evidence(
+    exc: WinmlError, plan: Plan, out_dir: Path, staging: Path, chains: Chains, wall: float
+) -> None:
+    """Keep the evidence of a build that failed with `exc` (its output lock held) and name
+    the folder in the error; a failure to keep it is said, never hides `exc`."""
+    try:
+        kept = _write_evidence(plan, out_dir, staging, chains, str(exc), wall)
+    except Exception as why:  # the build's own error matters more
+        exc.message += f"; no evidence kept ({type(why).__name__}: {why})"
+    else:
+        exc.message += f"; evidence kept in {kept}/"
 
 
 def lock_path_for(out_dir: Path, what: str = "output") -> Path:
@@ -223,11 +322,16 @@ def _sweep_stale(out_dir: Path) -> None:
 
 def _restore_and_clean(out_dir: Path) -> None:
     """A build stopped between the two renames of the swap left the previous output as
-    `.old-*` and no output: put it back. Then remove staging and `.old-*` leftovers."""
-    olds = sorted(out_dir.parent.glob(f".old-{out_dir.name}-*"), key=lambda p: p.stat().st_mtime)
-    if not out_dir.exists() and olds:
-        os.rename(olds.pop(), out_dir)
-    for stale in [*olds, *out_dir.parent.glob(f".staging-{out_dir.name}-*")]:
+    `.old-*` and no output: put it back. Then remove staging and `.old-*` leftovers (of
+    the output and of its `.failed` evidence)."""
+    failed = failed_dir_for(out_dir)
+    for folder in (out_dir, failed):
+        olds = sorted(out_dir.parent.glob(f".old-{folder.name}-*"), key=lambda p: p.stat().st_mtime)
+        if not folder.exists() and olds:
+            os.rename(olds.pop(), folder)
+        for stale in olds:
+            shutil.rmtree(stale, ignore_errors=True)
+    for stale in out_dir.parent.glob(f".staging-{out_dir.name}-*"):
         shutil.rmtree(stale, ignore_errors=True)
 
 
@@ -338,18 +442,48 @@ def run_steps(
 ) -> tuple[list[dict[str, Any]], ChainState]:
     """Run (or read from the cache) `steps` of `comp` from `state`: their manifest records
     and the state after the last. Scratch folders go under `work_root`."""
-    records = []
+    records: list[dict[str, Any]] = []
     for step in steps:
         reporter.step_started(comp.name, step)
         if not step.skip and sample_inputs_of(step.impl, step.config) is not None:
             assert state.model is not None
             state = replace(state, calibrated=(state.model, state.digest))
-        record, state = _run_step(
-            comp, step, plan, work_root, cache, state, built, budget_mb, reporter
-        )
+        started = time.perf_counter()
+        try:
+            record, state = _run_step(
+                comp, step, plan, work_root, cache, state, built, budget_mb, reporter
+            )
+        except Exception as exc:
+            # What a failed build keeps: the records so far with this step's, and the
+            # state before it (its model is the candidate to look at).
+            failed = _failed_record(step, state, exc, time.perf_counter() - started)
+            setattr(exc, EVIDENCE, {comp.name: ([*records, failed], state)})
+            raise
         records.append(record)
         reporter.step_finished(comp.name, step, record)
     return records, state
+
+
+def _failed_record(
+    step: PlannedStep, state: ChainState, exc: Exception, seconds: float
+) -> dict[str, Any]:
+    """The manifest record of a step that raised: its error, and what it measured."""
+    from winml_recipes.runtime.memory import peak_rss_mb
+
+    error = exc if isinstance(exc, WinmlError) else None
+    return {
+        "pass": step.name,
+        "implementation": f"{type(step.impl).__module__}.{type(step.impl).__qualname__}",
+        "version": step.impl.version,
+        "options": step.options,
+        "status": "failed",
+        "error": str(exc) if error else f"{type(exc).__name__}: {exc}",
+        "wall_seconds": round(seconds, 4),
+        "peak_rss_mb": peak_rss_mb(),
+        "input_sha256": state.digest,
+        "output_sha256": None,
+        "metrics": dict(getattr(exc, "metrics", None) or {}),
+    }
 
 
 def upstream_of(comp: ComponentPlan, state: ChainState) -> UpstreamComponent | None:
@@ -372,13 +506,25 @@ def upstream_of(comp: ComponentPlan, state: ChainState) -> UpstreamComponent | N
 
 
 def ship_component(
-    comp: ComponentPlan, records: list[dict[str, Any]], state: ChainState, staging: Path
-) -> tuple[dict[str, Any], Path]:
+    comp: ComponentPlan,
+    records: list[dict[str, Any]],
+    state: ChainState,
+    staging: Path,
+    *,
+    partial: bool = False,
+) -> tuple[dict[str, Any], Path | None]:
     """Copy a component's final model and artifacts into `staging/<component>`; its
-    manifest record and the shipped model's path."""
+    manifest record and the shipped model's path (`partial`: a failed build's evidence,
+    where a component may have no model yet: no artifact then)."""
     from winml_recipes.onnx.io import artifact_sha256
 
+    record: dict[str, Any] = {
+        "source": comp.source.to_manifest(),
+        "contract": contract_record(comp.contract),
+    }
     if state.model is None:
+        if partial:
+            return record | {"steps": records}, None
         raise InternalError(f"{comp.name}: no model after the last step")
     final_dir = staging / comp.name
     final_dir.mkdir(parents=True)
@@ -403,11 +549,34 @@ def ship_component(
         "sha256": artifact_sha256(shipped),
         "files": files,
     }
-    record = {"source": comp.source.to_manifest(), "steps": records, "artifact": artifact}
+    record |= {"steps": records, "artifact": artifact}
     reference = _ship_reference(comp.name, state, staging)
     if reference is not None:
         record["reference"] = reference
     return record, final_model
+
+
+def contract_record(contract: IOContract) -> dict[str, Any]:
+    """The component's inputs as the build used them (dtype, shape with named dims, range,
+    values, image preprocessing), its outputs and the dims' values: tools that feed the
+    built model (compare, run) read them from the manifest, with no recipe or catalog."""
+
+    def spec(s) -> dict[str, Any]:
+        out: dict[str, Any] = {"dtype": s.dtype, "shape": list(s.shape)}
+        if s.range is not None:
+            out["range"] = list(s.range)
+        if s.values is not None:
+            out["values"] = list(s.values)
+        if s.image is not None:
+            out["image"] = {"size": list(s.image.size), "mean": list(s.image.mean),
+                            "std": list(s.image.std), "layout": s.image.layout}  # fmt: skip
+        return out
+
+    return {
+        "inputs": {s.name: spec(s) for s in contract.inputs},
+        "outputs": {s.name: {"dtype": s.dtype, "shape": list(s.shape)} for s in contract.outputs},
+        "dims": {k: int(v) for k, v in sorted(contract.dims.items())},
+    }
 
 
 def _ship_reference(name: str, state: ChainState, staging: Path) -> dict[str, Any] | None:

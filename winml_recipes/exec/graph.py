@@ -250,6 +250,7 @@ class TaskGraph:
                 continue
             task = self.tasks[index]
             plan = self.plans[index]
+            error, evidence, metrics = self._keep_evidence(index, node, result)
             self._target_done(
                 index,
                 TargetOutcome(
@@ -258,7 +259,9 @@ class TaskGraph:
                     plan.target.precision,
                     FAILED,
                     exit_code=result.exit_code,
-                    error=result.error,
+                    error=error,
+                    evidence_dir=evidence,
+                    metrics=metrics,
                     failing_step=result.failing_step,
                     error_data=result.error_data,
                     wall_seconds=result.wall_seconds,
@@ -272,6 +275,50 @@ class TaskGraph:
         self._drop_unreachable()
         if not self.keep_going:
             self.stop(STOPPED)
+
+    def _keep_evidence(
+        self, index: int, failed: Node, result: TaskResult
+    ) -> tuple[str | None, str | None, dict[str, Any]]:
+        """A target whose steps task failed keeps what it made so far in its `.failed`
+        folder (each component's records and last model up to the failure): the error
+        naming the folder, the folder (None: nothing ran, or it could not be kept) and
+        the key metrics of what it made (the summary's size and lowest SQNR)."""
+        import json
+        from pathlib import Path
+
+        from winml_recipes.exec.task import key_metrics
+        from winml_recipes.exec.work import keep_failed_evidence
+
+        if failed.kind != "steps":
+            return result.error, None, {}
+        chains: dict[str, tuple[list[dict[str, Any]], Any]] = {}
+        for comp, ids in self.nodes[f"assemble:{index}"].chains.items():
+            records: list[dict[str, Any]] = []
+            state = None
+            for node_id in ids:
+                node = self.nodes[node_id]
+                if node.result is None or node.status not in (OK, FAILED):
+                    break
+                if node.status == FAILED and node_id != failed.id:
+                    break
+                records += node.result.records
+                state = node.result.state or state
+                if node.status == FAILED:
+                    break
+            chains[comp] = (records, state)
+        starts = [n.result.started_at for n in self.nodes.values()
+                  if index in n.targets and n.result and n.result.started_at]  # fmt: skip
+        wall = time.time() - min(starts) if starts else 0.0
+        try:
+            folder = keep_failed_evidence(
+                self.tasks[index], self.plans[index], chains, result.error or "", wall
+            )
+        except Exception as exc:  # the target's own error matters more
+            return f"{result.error}; no evidence kept ({type(exc).__name__}: {exc})", None, {}
+        if folder is None:
+            return result.error, None, {}
+        manifest = json.loads((Path(folder) / "manifest.json").read_text())
+        return f"{result.error}; evidence kept in {folder}/", folder, key_metrics(manifest)
 
     def _span(self, index: int, outcome: TargetOutcome) -> dict[str, Any]:
         """A target's wall time: from its first task's start to its assembly's end; the

@@ -81,6 +81,7 @@ class TargetOutcome:
     finished_at: float | None = None
     resources: dict[str, float] = field(default_factory=dict)  # what a scheduler granted
     error_data: dict[str, Any] = field(default_factory=dict)  # the error's detail (bisection)
+    evidence_dir: str | None = None  # failed: the `.failed` folder with what it made so far
 
     @property
     def target(self) -> str:
@@ -106,7 +107,8 @@ def as_winml_error(exc: Exception) -> WinmlError:
 
 def key_metrics(manifest: dict[str, Any]) -> dict[str, Any]:
     """What a summary row shows: size shipped, the lowest verified SQNR, steps run/cached."""
-    size = sum(c["artifact"]["size_bytes"] for c in manifest["components"].values())
+    size = sum(c["artifact"]["size_bytes"] for c in manifest["components"].values()
+               if "artifact" in c)  # fmt: skip
     sqnrs = [
         met["sqnr_db"]
         for c in manifest["components"].values()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from winml_recipes.engine.plan import Plan, PlannedStep
-from winml_recipes.engine.run import ChainState, Reporter
+from winml_recipes.engine.run import EVIDENCE, ChainState, Reporter
 from winml_recipes.exec.task import (
     FAILED,
     OK,
@@ -61,6 +61,7 @@ class AssembleTask:
 @dataclass
 class TaskResult:
     status: str  # ok, failed
+    # failed steps task: the records up to the failed step's, and the state before it
     records: list[dict[str, Any]] = field(default_factory=list)
     state: ChainState | None = None
     outcome: TargetOutcome | None = None  # assemble: the target's outcome
@@ -203,7 +204,11 @@ def run_steps_task(task: StepsTask) -> TaskResult:
     except Exception as exc:
         if task.raise_errors:
             raise
-        return _failed(exc, tracker.current, started, started_at)
+        failed = _failed(exc, tracker.current, started, started_at)
+        # the records of this stretch with the failed step's, and the state before it
+        records, state = getattr(exc, EVIDENCE, {}).get(task.component, ([], None))
+        failed.records, failed.state = records, state
+        return failed
     return TaskResult(
         OK,
         records=records,
@@ -267,6 +272,33 @@ def assemble(task: AssembleTask) -> TaskResult:
         started_at=started_at,
         finished_at=outcome.finished_at,
     )
+
+
+def keep_failed_evidence(
+    spec: TargetTask,
+    plan: Plan,
+    chains: dict[str, tuple[list[dict[str, Any]], ChainState | None]],
+    error: str,
+    wall: float,
+) -> str | None:
+    """A failed target's evidence (engine.run.keep_evidence) from the records and states
+    of its tasks, written by the driver as the failure comes in (it holds the target's
+    build lock until then): the folder, or None when nothing ran or it could not be kept."""
+    from winml_recipes.engine.run import begin_chain, keep_evidence
+
+    if not any(records for records, _ in chains.values()):
+        return None
+    comps = {c.name: c for c in plan.components}
+    with working_dir(spec.cwd):
+        folder = keep_evidence(
+            plan,
+            Path(spec.output_root),
+            {n: (r, s or begin_chain(comps[n])) for n, (r, s) in chains.items() if r},
+            error,
+            wall,
+            spec.wait_seconds,
+        )
+    return str(folder)
 
 
 def _lines(spec: TargetTask, label: str) -> Reporter:

@@ -132,7 +132,7 @@ def names_one_dim(raw: str, tensor_dims: list[str]) -> bool:
 
 # Ops an integer input passes through on its way to what it indexes or masks.
 # Clip only ever moves a value into its bounds, so a value that indexes right unclipped still
-# does after it.
+# does after it (SAM's labels are clamped at 0 before indexing the point embeddings).
 _PASS_THROUGH = frozenset(
     {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand", "Transpose",
      "Clip"}

@@ -311,7 +311,8 @@ class VerifyPass(Pass[VerifyConfig]):
         if failed:
             raise QualityGateError(
                 f"verification on {target.verified_on} failed: "
-                + "; ".join(g.line() for g in failed)
+                + "; ".join(g.line() for g in failed),
+                metrics=record,  # kept in the failed build's manifest
             )
         return StepResult(None, record)
 

@@ -7,6 +7,10 @@ output of every activation's QuantizeLinear is made a graph output and dequantiz
 breaks the DQ -> op -> Q node units an EP such as QNN compiles as one quantized op.) The model
 runs on the target EP and on the CPU EP with the same feeds, the float model runs with the
 matching float tensors as outputs, and each tensor is scored three ways, in graph order.
+Each tensor is also scored by what its layer costs: the noise (relative to the signal) its
+output has on the target beyond the worst of the layer's inputs, which ranks the layers
+that lose the most precision against float (errors accumulate, so a plain low SQNR would
+rank every layer after a bad one).
 Extra outputs can still change what the EP compiles (on sam3-tiny's decoder they hid a
 divergence of the untouched graph), so the tapped run's final outputs are compared with
 the untouched model's on the same EP and the agreement is reported.
@@ -22,6 +26,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from winml_recipes.onnx.metrics import SQNR_CAP_DB
 from winml_recipes.quant.mixed import RENAMED_SUFFIX  # ORT's name for a quantized output
 from winml_recipes.sdk.errors import ExecutionProviderError
 
@@ -34,9 +39,28 @@ class TensorRow:
     target_vs_float_db: float
     simulation_vs_float_db: float
     target_vs_simulation_db: float
+    # The worst SQNR (target vs float) of the tapped tensors the layer reads, through
+    # untapped ops (None: it reads only graph inputs and constants, exact).
+    input_db: float | None = None
+
+    @property
+    def lost_db(self) -> float:
+        """SQNR the layer loses on the target: its inputs' minus its output's."""
+        return (SQNR_CAP_DB if self.input_db is None else self.input_db) - self.target_vs_float_db
+
+    @property
+    def noise_added(self) -> float:
+        """Noise power (relative to the signal) the layer adds on the target: what ranks
+        it. A layer from 40 to 39 dB adds less than one from 20 to 15 dB."""
+        before = 0.0 if self.input_db is None else 10 ** (-self.input_db / 10)
+        return max(0.0, 10 ** (-self.target_vs_float_db / 10) - before)
 
     def to_json(self) -> dict[str, Any]:
-        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in vars(self).items()}
+        out = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in vars(self).items()}
+        return out | {
+            "lost_db": round(self.lost_db, 3),
+            "noise_added": float(f"{self.noise_added:.4g}"),
+        }
 
 
 @dataclass(frozen=True)
@@ -144,6 +168,7 @@ def compare_tensors(
     vs_float = compare_runs(ref, dequantized(target.outputs))
     sim_vs_float = compare_runs(ref, dequantized(simulation))
     vs_sim = compare_runs(dequantized(simulation), dequantized(target.outputs))
+    incoming = _input_sqnr(float_model.graph, {t: m["sqnr_db"] for t, m in vs_float.items()})
     rows = []
     for tap in taps:
         t = tap.tensor
@@ -156,9 +181,37 @@ def compare_tensors(
                 target_vs_float_db=vs_float[t]["sqnr_db"],
                 simulation_vs_float_db=sim_vs_float[t]["sqnr_db"],
                 target_vs_simulation_db=vs_sim[t]["sqnr_db"],
+                input_db=incoming(node) if node is not None else None,
             )
         )
     return rows, target.record
+
+
+def _input_sqnr(graph: onnx.GraphProto, measured: Mapping[str, float]):
+    """A function giving, for a float-graph node, the worst measured SQNR among the tensors
+    it reads, looking through ops whose outputs were not measured (None: only graph inputs
+    and constants upstream). One pass over the nodes in their (topological) order: there
+    is no onnx_ir/onnxscript pass for this, and it only reads names."""
+    upstream: dict[str, float | None] = {}  # an unmeasured tensor: the worst measured before it
+    by_node: dict[tuple[str, ...], float | None] = {}  # by outputs (protobuf wrappers vary)
+
+    def value(name: str) -> float | None:
+        return measured[name] if name in measured else upstream.get(name)
+
+    for node in graph.node:
+        values = [v for x in node.input if x and (v := value(x)) is not None]
+        worst = min(values) if values else None
+        by_node[tuple(node.output)] = worst
+        for out in node.output:
+            upstream[out] = worst
+    return lambda node: by_node.get(tuple(node.output))
+
+
+def rank_by_loss(rows: Sequence[TensorRow]) -> list[TensorRow]:
+    """The layers that cost the most precision on the target first (noise added), ties in
+    graph order."""
+    order = {id(r): i for i, r in enumerate(rows)}
+    return sorted(rows, key=lambda r: (-r.noise_added, -r.lost_db, order[id(r)]))
 
 
 def _up_to_failing_region(

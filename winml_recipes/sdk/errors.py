@@ -41,7 +41,22 @@ class PlanError(WinmlError):
 
 
 class PassError(WinmlError):
-    """A pass failed on valid input (e.g. verification below threshold)."""
+    """A pass failed on valid input (e.g. verification below threshold).
+
+    `metrics`: what the pass measured before it failed (verify's record: gates, outputs);
+    a failed build's manifest keeps them with the failing step. An instance attribute, so
+    it survives pickling to and from pool and Ray workers.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        where: str = "",
+        data: dict[str, Any] | None = None,
+        metrics: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message, where, data)
+        self.metrics: dict[str, Any] = dict(metrics or {})
 
 
 class QualityGateError(PassError):
