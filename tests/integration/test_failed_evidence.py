@@ -91,6 +91,9 @@ def test_a_failed_gate_keeps_the_candidate_and_compare_reads_it(tmp_path: Path) 
     assert (sqnr["threshold"], sqnr["passed"]) == (250, False)
     # the shipped candidate is the model the failed step verified
     assert manifest["components"]["model"]["artifact"]["sha256"] == verify["input_sha256"]
+    # and its page says what failed
+    page = (failed / "report.html").read_text(encoding="utf-8")
+    assert "250" in page and "FAIL" in page.upper()
     report = valid_report(tmp_path / "report.json")
     (outcome,) = report["targets"]
     assert outcome["evidence_dir"] == str(failed) and outcome["manifest_path"] is None

@@ -177,16 +177,20 @@ def write_output(
     return BuildResult(out_dir, manifest, final)
 
 
-def _write_report(out_dir: Path, reporter: Reporter) -> None:
+def _write_report(out_dir: Path, reporter: Reporter | None) -> None:
     """report.html beside the manifest; a report that cannot be made never fails the build
-    (its sections say what they could not compute; `winml-recipes report` retries)."""
+    nor hides its error (its sections say what they could not compute; `winml-recipes
+    report` retries)."""
     from winml_recipes.report import write_report
 
     try:
         write_report(out_dir)
-    except Exception as exc:  # the build succeeded: say why there is no report, go on
+    except Exception as exc:  # say why there is no report, go on
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        reporter.message(f"report.html not written: {first}; run `winml-recipes report {out_dir}`")
+        if reporter is not None:
+            reporter.message(
+                f"report.html not written: {first}; run `winml-recipes report {out_dir}`"
+            )
 
 
 def failed_dir_for(out_dir: Path) -> Path:
@@ -259,6 +263,7 @@ def _write_evidence(
     shutil.rmtree(staging / ".work", ignore_errors=True)
     failed = failed_dir_for(out_dir)
     _swap_into_place(staging, failed)
+    _write_report(failed, None)  # the evidence's page: what ran, what failed, and why
     return failed
 
 
