@@ -1,108 +1,302 @@
-"""A build folder as tools that use its models see it (compare, run): the manifest, the
-component a model file belongs to, and the inputs the build fed it.
+"""A build folder read back, for the tools that use its models (run, report, perf, compare).
 
-`build/<recipe>/<device>-<precision>/` (or its `.failed/` evidence) holds `manifest.json`
-and one folder per component with `model.onnx`; the manifest records each component's
-input contract (dtypes, shapes with their dims, ranges, allowed values, image
-preprocessing), so a model can be fed as its build fed it without the recipe or catalog.
+`build/<recipe>/<device>-<precision>/` (or a failed build's `<target>.failed/` evidence)
+holds `manifest.json` and one folder per component, in build order, with `model.onnx`
+and, when compiled, `model_ctx.onnx`; `float-reference/<component>/model.onnx` when the
+shipped model is not the float one. The manifest records the target, the catalog entry,
+each component's input contract (dtypes, shapes with their dims, ranges, allowed values,
+image preprocessing: `engine.run.contract_record`) and its float reference, so a model is
+fed as its build fed it without the recipe or catalog. A manifest from before contracts
+were recorded falls back to the catalog entry with the recipe's dims.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from winml_recipes.sdk.contract import ImagePreprocess, IOContract, TensorSpec
-from winml_recipes.sdk.errors import RecipeError
+from winml_recipes.sdk.errors import ModelFileError, RecipeError, WinmlError
 from winml_recipes.sdk.types import UpstreamComponent
 
-MANIFEST = "manifest.json"
+MANIFEST = "manifest.json"  # engine.run writes it (not imported: no cycle through the engine)
 MODEL = "model.onnx"
+COMPILED = "model_ctx.onnx"
 
 
 @dataclass(frozen=True)
 class BuiltComponent:
-    """One component of a build folder."""
+    """One component of a build folder: its models, manifest record and input contract."""
 
-    build_dir: Path
+    folder: Path  # the build folder
     name: str
-    model: Path  # the component's (uncompiled) model.onnx
     manifest: dict[str, Any]
+    contract: IOContract | None  # the inputs the build fed it (None: unknown, old manifest)
+    model: Path | None  # the uncompiled model (model.onnx), when shipped
+    compiled: Path | None  # the EPContext model (model_ctx.onnx), when compiled
+    reference: Path | None  # the shipped float model (None: the model is the float one)
 
     @property
     def record(self) -> dict[str, Any]:
         return self.manifest["components"][self.name]
 
     @property
-    def contract(self) -> IOContract | None:
-        """The inputs the build fed this component (None: a manifest from before they
-        were recorded)."""
-        recorded = self.record.get("contract")
-        return contract_from_record(recorded) if recorded else None
+    def failed(self) -> bool:
+        return self.manifest.get("status") == "failed"
+
+    @property
+    def fallback(self) -> bool:
+        """Whether verify allowed CPU fallback on the target's EP."""
+        verify = next((s for s in self.record.get("steps", []) if s.get("pass") == "verify"), {})
+        return bool(verify.get("metrics", {}).get("cpu_fallback_allowed", False))
+
+    @property
+    def deployable(self) -> Path:
+        """What an app loads: the compiled model when there is one."""
+        path = self.compiled or self.model
+        if path is None:
+            raise ModelFileError(
+                f"component '{self.name}' has neither {MODEL} nor a compiled model; rebuild it",
+                where=str(self.folder / self.name),
+            )
+        return path
+
+    def input_shape(self, name: str) -> tuple[int | None, ...] | None:
+        """The shipped graph's shape of input `name` (None for dynamic dims)."""
+        from winml_recipes.onnx.io import load_model
+
+        graph = load_model(self.model or self.deployable, load_external_data=False).graph
+        for vi in graph.input:
+            if vi.name == name:
+                dims = vi.type.tensor_type.shape.dim
+                return tuple(d.dim_value if d.HasField("dim_value") else None for d in dims)
+        return None
+
+    @cached_property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        """The shipped graph's inputs with concrete shapes (its static dims, else the
+        contract's) and the contract's ranges, values and image blocks."""
+        from winml_recipes.onnx.inputs import specs_from_model
+        from winml_recipes.onnx.io import load_model
+
+        model = load_model(self.model or self.deployable, load_external_data=False)
+        specs, model_dims = specs_from_model(model)
+        contract = self.contract
+        out = []
+        for spec in specs:
+            declared = contract.input(spec.name) if contract else None
+            shape = []
+            for i, d in enumerate(spec.shape):
+                want = declared.shape[i] if declared and i < len(declared.shape) else None
+                if not isinstance(d, int):
+                    dims = contract.dims if contract else {}
+                    d = want if isinstance(want, int) else dims.get(str(want), model_dims.get(d, 1))
+                shape.append(int(d))
+            if declared is not None:
+                spec = dataclasses.replace(
+                    spec, range=declared.range, values=declared.values, image=declared.image
+                )
+            out.append(dataclasses.replace(spec, shape=tuple(shape)))
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class BuildFolder:
+    folder: Path
+    manifest: dict[str, Any]
+    task: str | None
+    components: tuple[BuiltComponent, ...]
+
+    @property
+    def recipe(self) -> str:
+        return str(self.manifest.get("recipe", {}).get("name", self.folder.parent.name))
+
+    @property
+    def device(self) -> str:
+        return str(self.manifest["target"]["device"])
+
+    @property
+    def precision(self) -> str:
+        return str(self.manifest["target"]["precision"])
 
     @property
     def failed(self) -> bool:
         return self.manifest.get("status") == "failed"
 
+    @property
+    def label(self) -> str:
+        """How people name it: `sam3-tiny npu/w8a16`."""
+        return f"{self.recipe} {self.device}/{self.precision}"
+
+    @property
+    def relpath(self) -> str:
+        """Its folder under the output root: `sam3-tiny/npu-w8a16`."""
+        return f"{self.recipe}/{self.device}-{self.precision}"
+
+    def component(self, name: str) -> BuiltComponent:
+        found = next((c for c in self.components if c.name == name), None)
+        if found is None:
+            names = ", ".join(c.name for c in self.components) or "(none)"
+            raise RecipeError(f"{self.folder}: no component '{name}'; components: {names}")
+        return found
+
+    def image_input(self) -> tuple[BuiltComponent, TensorSpec] | None:
+        """The first component input with an `image:` block (None: not an image model)."""
+        for comp in self.components:
+            for spec in comp.contract.inputs if comp.contract else ():
+                if spec.image is not None:
+                    return comp, spec
+        return None
+
+    def upstream_links(self) -> dict[str, dict[str, str]]:
+        """For each component, which of its inputs an earlier component's output feeds
+        (same tensor name: SAM's decoder takes the encoder's `image_embeddings.*`)."""
+        from winml_recipes.onnx.io import load_model
+
+        produced: dict[str, str] = {}
+        links: dict[str, dict[str, str]] = {}
+        for comp in self.components:
+            links[comp.name] = {s.name: produced[s.name] for s in comp.inputs if s.name in produced}
+            graph = load_model(comp.deployable, load_external_data=False).graph
+            for out in graph.output:
+                produced.setdefault(out.name, comp.name)
+        return links
+
+
+def open_build(
+    folder: Path | str, catalog_dir: Path | None = None, *, contracts: bool = False
+) -> BuildFolder:
+    """The build in `folder` (a directory holding manifest.json), or a one-line error.
+    `contracts`: every component's input contract is needed (an error when unknown)."""
+    folder = Path(folder)
+    if not (folder / MANIFEST).is_file():
+        raise ModelFileError(
+            f"no {MANIFEST} here; pass a build folder (build/<recipe>/<device>-<precision>)",
+            where=str(folder),
+        )
+    manifest = _read(folder / MANIFEST)
+    records = manifest["components"]
+    entry = None
+    if "catalog" not in manifest or not all(r.get("contract") for r in records.values()):
+        entry = _catalog_entry(manifest, folder, catalog_dir)
+    task = manifest.get("catalog", entry.data if entry else {}).get("task")
+    components = tuple(_component(folder, manifest, name, entry) for name in records)
+    missing = [c.name for c in components if c.contract is None]
+    if contracts and missing:
+        raise RecipeError(
+            f"{', '.join(missing)}: the manifest records no input contract and catalog entry "
+            f"'{manifest.get('model')}' is not found; build the target again",
+            where=str(folder / MANIFEST),
+        )
+    return BuildFolder(folder, manifest, task, components)
+
 
 def find_component(path: Path, component: str | None = None) -> BuiltComponent | None:
     """The build-folder component `path` names: a model file in `<build>/<component>/`,
     that component folder, or the build folder itself with `component` (optional when the
-    build has one component with a model). None: `path` is not inside a build folder."""
+    build has one component with a model); its `model` is the model file (an error when
+    there is none). None: `path` is not inside a build folder."""
     path = Path(path)
     if path.is_dir() and (path / MANIFEST).is_file():
-        manifest = _read(path / MANIFEST)
-        names = [n for n, c in manifest.get("components", {}).items() if "artifact" in c]
+        build = open_build(path)
         if component is None:
+            names = [c.name for c in build.components if "artifact" in c.record]
             if len(names) != 1:
                 raise RecipeError(
                     f"{path} holds components {', '.join(names) or '(none with a model)'}; "
                     "name one (--component NAME, or the path of its folder)"
                 )
             component = names[0]
-        return _component(path, manifest, component)
+        return _with_model(build.component(component))
     folder = path if path.is_dir() else path.parent
     if not (folder.parent / MANIFEST).is_file():
         if component is not None:
             raise RecipeError(f"{path}: --component needs a build folder (one with {MANIFEST})")
         return None
-    manifest = _read(folder.parent / MANIFEST)
-    if folder.name not in manifest.get("components", {}):
+    build = open_build(folder.parent)
+    if folder.name not in {c.name for c in build.components}:
         return None
     if component is not None and component != folder.name:
         raise RecipeError(f"{path} is component '{folder.name}', not '{component}'")
-    built = _component(folder.parent, manifest, folder.name)
-    if path.is_file():
-        return BuiltComponent(built.build_dir, built.name, path, manifest)
+    built = _with_model(build.component(folder.name))
+    return dataclasses.replace(built, model=path) if path.is_file() else built
+
+
+def _with_model(built: BuiltComponent) -> BuiltComponent:
+    if built.model is None:
+        have = sorted(p.name for p in (built.folder / built.name).glob("*.onnx"))
+        raise RecipeError(
+            f"{built.folder / built.name}: no {MODEL} (files: {', '.join(have) or 'none'}); "
+            "compare needs the uncompiled QDQ model (compile: {keep_uncompiled: true})"
+        )
     return built
 
 
-def _component(build_dir: Path, manifest: dict[str, Any], name: str) -> BuiltComponent:
-    comps = manifest.get("components", {})
-    if name not in comps:
-        raise RecipeError(
-            f"{build_dir}: no component '{name}'; components: {', '.join(comps) or '(none)'}"
+def _component(folder: Path, manifest: dict[str, Any], name: str, entry: Any) -> BuiltComponent:
+    record = manifest["components"][name]
+    if record.get("contract"):
+        contract = contract_from_record(record["contract"])
+    elif entry is not None and name in entry.components:
+        contract = entry.components[name].contract
+        contract = dataclasses.replace(
+            contract, dims={**contract.dims, **_recipe_dims(manifest, name)}
         )
-    model = build_dir / name / MODEL
-    if not model.is_file():
-        have = sorted(p.name for p in (build_dir / name).glob("*.onnx"))
-        raise RecipeError(
-            f"{build_dir / name}: no {MODEL} (files: {', '.join(have) or 'none'}); "
-            "compare needs the uncompiled QDQ model (compile: {keep_uncompiled: true})"
-        )
-    return BuiltComponent(build_dir, name, model, manifest)
+    else:
+        contract = None
+    model, compiled = folder / name / MODEL, folder / name / COMPILED
+    reference = record.get("reference", {}).get("path")
+    return BuiltComponent(
+        folder=folder,
+        name=name,
+        manifest=manifest,
+        contract=contract,
+        model=model if model.is_file() else None,
+        compiled=compiled if compiled.is_file() else None,
+        reference=folder / reference if reference else None,
+    )
 
 
 def _read(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise RecipeError(f"cannot read the build's manifest: {exc}", where=str(path)) from None
-    if not isinstance(data, dict):
-        raise RecipeError("not a build manifest", where=str(path))
+        raise ModelFileError(f"cannot read the build's manifest: {exc}", where=str(path)) from None
+    if not (
+        isinstance(data, dict)
+        and isinstance(data.get("components"), dict)
+        and isinstance(data.get("target"), dict)
+    ):
+        raise ModelFileError("not a build manifest (no target or components)", where=str(path))
     return data
+
+
+def _catalog_entry(manifest: dict[str, Any], folder: Path, catalog_dir: Path | None) -> Any:
+    """The catalog entry the manifest records, else (an old manifest) the one it names."""
+    from winml_recipes.catalog import default_catalog_dir, entry_from_data, load_entry
+
+    with contextlib.suppress(WinmlError, OSError, KeyError):
+        if "catalog" in manifest:
+            return entry_from_data(manifest["catalog"], folder / MANIFEST)
+        recipe_path = Path(manifest.get("recipe", {}).get("path") or ".")
+        return load_entry(manifest["model"], catalog_dir or default_catalog_dir(recipe_path))
+    return None
+
+
+def _recipe_dims(manifest: dict[str, Any], name: str) -> dict[str, int]:
+    """The dims the rendered recipe set for component `name` (top level, then its own)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(manifest.get("recipe", {}).get("rendered") or "") or {}
+    except yaml.YAMLError:
+        return {}
+    own = (data.get("components") or {}).get(name) or {}
+    return {**(data.get("dims") or {}), **(own.get("dims") or {})}
 
 
 def contract_from_record(recorded: dict[str, Any]) -> IOContract:
@@ -143,10 +337,9 @@ def verify_upstream(built: BuiltComponent) -> tuple[UpstreamComponent, int] | No
     if options is None:
         return None
     name = options["inputs_from"]
-    record = built.manifest.get("components", {}).get(name, {})
-    if not record.get("contract"):
+    if not built.manifest["components"].get(name, {}).get("contract"):
         return None
-    up = BuiltComponent(built.build_dir, name, built.build_dir / name / MODEL, built.manifest)
+    up = _component(built.folder, built.manifest, name, None)
     assert up.contract is not None
     upstream = UpstreamComponent(name, float_reference(up), "", up.contract, None)
     return upstream, int(options.get("samples_per_upstream", 1))

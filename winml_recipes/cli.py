@@ -545,10 +545,10 @@ def _print_summary(m: dict[str, Any], output_dir) -> None:
 
 def _next_lines(output_dir) -> list[str]:
     """Where the deployable files are, and the commands that run and time them."""
-    from winml_recipes.builddir import read_build
+    from winml_recipes.buildfolder import open_build
 
     try:
-        build = read_build(output_dir)
+        build = open_build(output_dir)
     except WinmlError:
         return []
     folder = Path(output_dir)

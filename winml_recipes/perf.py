@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from winml_recipes.builddir import BuildFolder, BuiltComponent, read_build
+from winml_recipes.buildfolder import BuildFolder, BuiltComponent, open_build
 
 EMULATED_HTP = "emulated HTP (x86_64), not device latency"
 DEFAULT_ITERATIONS = 50
@@ -67,7 +67,7 @@ def resolve_builds(
             for device, precision in [(t.device, t.precision) for t in recipe.targets]:
                 folder = Path(output_root) / recipe.name / f"{device}-{precision}"
                 if (folder / "manifest.json").is_file():
-                    builds.append(read_build(folder, catalog_dir))
+                    builds.append(open_build(folder, catalog_dir))
                     found += 1
                 else:
                     notes.append(f"{recipe.name} {device}/{precision}: not built ({folder})")
@@ -78,7 +78,7 @@ def resolve_builds(
                     where=str(path),
                 )
         else:
-            builds.append(read_build(path, catalog_dir))
+            builds.append(open_build(path, catalog_dir))
     return builds, notes
 
 
@@ -129,7 +129,7 @@ def perf(
         "and the runs added after importing onnxruntime and registering the EP",
         "builds": [
             {
-                "build": b.label,
+                "build": b.relpath,
                 "folder": str(b.folder),
                 "device": b.device,
                 "precision": b.precision,
@@ -162,7 +162,7 @@ def _time_build(
         feed = make_inputs(list(comp.inputs), {}, seed=seed, count=1)[0]
         feeds[comp.name] = tmp / f"{build.recipe}-{build.device}-{build.precision}-{comp.name}.npz"
         np.savez(feeds[comp.name], **feed)
-    base = {"build": build.label, "ep": ep_key, "emulated": emulated is not None}
+    base = {"build": build.relpath, "ep": ep_key, "emulated": emulated is not None}
     if emulated:
         base["note"] = emulated
     rows = []
@@ -174,7 +174,7 @@ def _time_build(
                 files.append(comp.compiled)
             else:
                 notes.append(
-                    f"{build.label} {comp.name}: {comp.compiled.name} is compiled for "
+                    f"{build.relpath} {comp.name}: {comp.compiled.name} is compiled for "
                     f"{target_ep}; not timed on {ep_key}"
                 )
         if not files:

@@ -13,7 +13,8 @@ import numpy as np
 if TYPE_CHECKING:
     from PIL import Image as PILImage
 
-    from winml_recipes.pipeline import BuildFolder, PipelineRun
+    from winml_recipes.buildfolder import BuildFolder
+    from winml_recipes.pipeline import PipelineRun
 
 PANEL = 320  # longest side of each panel, px
 GUTTER = 8

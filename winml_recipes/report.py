@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from winml_recipes.pipeline import BuildFolder, open_build
+from winml_recipes.buildfolder import BuildFolder, open_build
 from winml_recipes.report_svg import layer_plot
 
 REPORT = "report.html"
@@ -161,7 +161,7 @@ def _layers_section(build: BuildFolder, feeds: dict[str, dict], layers: bool | N
     from winml_recipes.quant.divergence import compare_tensors
 
     wanted, why = _layers_wanted(build, layers)
-    cmd = f"<code>winml-recipes report {_e(build.path)} --layers</code>"
+    cmd = f"<code>winml-recipes report {_e(build.folder)} --layers</code>"
     if not wanted:
         return f'<p class="note">Not computed: {_e(why)}. To compute it: {cmd}.</p>'
     parts = [
@@ -225,7 +225,7 @@ def _picture_section(build: BuildFolder) -> tuple[str, dict[str, dict]]:
     photo = sample_photo()
     with tempfile.TemporaryDirectory(prefix="winml-report-") as tmp:
         try:
-            outcome = run_and_write(build.path, image=photo, output_dir=Path(tmp))
+            outcome = run_and_write(build.folder, image=photo, output_dir=Path(tmp))
         except Exception as exc:  # a report section that cannot be made says why
             return f'<p class="note">not made: {_e(_first_line(exc))}</p>', {}
         summary = outcome.summary
@@ -235,7 +235,7 @@ def _picture_section(build: BuildFolder) -> tuple[str, dict[str, dict]]:
     text = (
         f"<p>The bundled held-out photo <code>{_e(photo.name)}</code> through the whole "
         f"pipeline: the float models on the CPU EP and the build on its target. The same as "
-        f"<code>winml-recipes run {_e(build.path)}</code> (which defaults to this photo).</p>"
+        f"<code>winml-recipes run {_e(build.folder)}</code> (which defaults to this photo).</p>"
         + (f"<ul class='note'>{notes}</ul>" if notes else "")
     )
     if png is not None:
@@ -349,8 +349,8 @@ def render(build: BuildFolder, layers: bool | None = None) -> str:
 
 def write_report(build_dir: Path, layers: bool | None = None) -> Path:
     """Write BUILD_DIR/report.html (replacing it at once) and return its path."""
-    build = open_build(build_dir)
-    out = build.path / REPORT
+    build = open_build(build_dir, contracts=True)
+    out = build.folder / REPORT
     tmp = out.with_name(f".{REPORT}.tmp")
     tmp.write_text(render(build, layers), encoding="utf-8")
     tmp.replace(out)

@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from winml_recipes.pipeline import BuildFolder, PipelineRun, open_build, run_float, run_target
+from winml_recipes.buildfolder import BuildFolder, open_build
+from winml_recipes.pipeline import PipelineRun, run_float, run_target
 from winml_recipes.prompts import (
     BOXES,
     POINTS,
@@ -164,7 +165,7 @@ def run_and_write(
     `summary.json` and (image tasks) a PNG into `output_dir` (default BUILD_DIR/run)."""
     from winml_recipes.pictures import draw_run
 
-    build = open_build(build_dir)
+    build = open_build(build_dir, contracts=True)
     inputs, about = prepare_inputs(
         build,
         Path(image) if image else None,
@@ -175,10 +176,10 @@ def run_and_write(
     target = run_target(build, inputs, compiled)
     has_float = any(c.reference is not None for c in build.components)
     ref = run_float(build, inputs) if has_float else None
-    out = Path(output_dir) if output_dir else build.path / "run"
+    out = Path(output_dir) if output_dir else build.folder / "run"
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {
-        "build": str(build.path),
+        "build": str(build.folder),
         "target": {"device": build.device, "precision": build.precision},
         **about,
         "target_run": target.ran_on,

@@ -67,7 +67,7 @@ def compare_contract(
             )
         specs.append(dataclasses.replace(chosen, shape=shape))
     if recorded is not None and built is not None:
-        where = f"the build's input contract ({built.build_dir / 'manifest.json'})"
+        where = f"the build's input contract ({built.folder / 'manifest.json'})"
     else:
         where = "the candidate's static shapes and calibrated input ranges (no build manifest)"
     return IOContract(inputs=tuple(specs)), where
