@@ -129,23 +129,27 @@ def make_mlp_project(root: Path, steps: str = "[normalize, verify]", extra: str 
 
 
 def sqnr_against_float_sam3(float_models: dict, built_models: dict, seed: int = 4242) -> dict:
-    """Output SQNR (dB) of built SAM 3 graphs against the float sam3-tiny, on fresh inputs.
+    """Output SQNR (dB) of built SAM 3 graphs against the float sam3-tiny, on fresh inputs:
+    the bundled held-out photographs verification does not use (it takes the first 4).
 
     The decoder is fed embeddings from the float vision encoder, as in use.
     """
     from winml_recipes import api
-    from winml_recipes.feeds import feeds_for, take
+    from winml_recipes.bundled import bundled_images
+    from winml_recipes.feeds import from_images, synthetic, take
     from winml_recipes.onnx.metrics import compare_runs
     from winml_recipes.runtime.sessions import run_model
-    from winml_recipes.sdk.types import UpstreamComponent
+    from winml_recipes.sdk.contract import IOContract
 
     entry = api.load(RECIPES / "sam3-tiny.yaml").catalog
     enc = entry.components["vision_encoder"].contract
     dec = entry.components["prompt_encoder_mask_decoder"].contract
-    images = take(feeds_for(None, enc, REPO, {}, 4, seed), 4)
-    up = UpstreamComponent("vision_encoder", float_models["vision_encoder"], "", enc, None)
-    source = {"inputs_from": "vision_encoder"}
-    prompts = take(feeds_for(source, dec, REPO, {"vision_encoder": up}, 4, seed), 4)
+    images = take(from_images(list(bundled_images("heldout"))[4:], enc, 4, seed), 4)
+    embeddings = run_model(float_models["vision_encoder"], images)
+    own = IOContract(tuple(i for i in dec.inputs if i.name not in embeddings[0]), (), dec.dims)
+    prompts = [
+        {**p, **e} for p, e in zip(take(synthetic(own, 4, seed), 4), embeddings, strict=True)
+    ]
     out = {}
     for comp, feeds in (("vision_encoder", images), ("prompt_encoder_mask_decoder", prompts)):
         metrics = compare_runs(

@@ -207,13 +207,13 @@ def build_onnx(
                 allow_calibration_overlap=allow_calibration_overlap,
                 task=task,
             )
-            if kwargs.get("reporter") is not None:
-                kwargs["reporter"].message(task_note)
+
             note = None if calibration_data else synthetic_calibration_note(model, precision)
             if note and kwargs.get("reporter") is not None:
                 kwargs["reporter"].message(note)
-            return build(recipe, device=device, precision=precision,
-                         catalog_dir=Path(tmp) / "catalog", **kwargs)  # fmt: skip
+            result = build(recipe, device=device, precision=precision,
+                           catalog_dir=Path(tmp) / "catalog", **kwargs)  # fmt: skip
+            return replace(result, notes=(*result.notes, task_note))
         except WinmlError as exc:
             if isinstance(exc, QualityGateError) and note:
                 exc.message += SYNTHETIC_GATE_HINT

@@ -332,6 +332,8 @@ def build(
             _echo_json(result.manifest)
         else:
             _print_summary(result.manifest, result.output_dir)
+            for note in result.notes:
+                click.echo(note)
         return
     if shapes or calibration_data or eval_data or allow_calibration_overlap or task:
         raise RecipeError(

@@ -608,6 +608,11 @@ GATES: dict[str, Any] = {
                 "type": "string",
                 "description": "What the output is, where that chose the gate (probability map).",
             },
+            "advisory": {
+                "type": "boolean",
+                "description": "Shown, not enforced: the task metric's gates decide "
+                "(verify.task_decides).",
+            },
         },
     },
 }

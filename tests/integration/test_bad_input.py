@@ -392,6 +392,7 @@ def test_plan_json(proj: Project) -> None:
                 "samples": 3,
                 "seed": 0,
                 "skip": 0,
+                "samples_per_upstream": 1,
                 "allow_cpu_fallback": False,
                 "allow_calibration_overlap": False,
                 "on_target": True,

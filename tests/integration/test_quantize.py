@@ -399,7 +399,9 @@ def mlp_builds(mproj: Project) -> dict[tuple[str, str], object]:
     return {t: mproj.build(recipe, *t) for t in targets}
 
 
-def _check_static_metrics(result, model: onnx.ModelProto, samples: int) -> None:
+def _check_static_metrics(
+    result, model: onnx.ModelProto, samples: int, source: str = "synthetic (catalog I/O contract)"
+) -> None:
     m = qmetrics(result)
     prod = producers(model)
     fed = Counter(
@@ -420,7 +422,7 @@ def _check_static_metrics(result, model: onnx.ModelProto, samples: int) -> None:
     assert m["quantize_linear_inserted"] == ops(model)["QuantizeLinear"] > 0
     assert m["dequantize_linear_inserted"] == ops(model)["DequantizeLinear"]
     assert m["calibration_method"] == "minmax"
-    assert m["calibration_source"] == "synthetic (catalog I/O contract)"
+    assert m["calibration_source"] == source
     assert m["calibration_samples"] == samples
     for key in ("calibration_time_seconds", "qdq_insertion_time_seconds"):
         assert isinstance(m[key], float) and 0.0 <= m[key] < 60.0, key
@@ -463,9 +465,12 @@ def test_static_conv(mproj: Project) -> None:
     recipe = mproj.recipe("conv", "steps: [quantize, {verify: {min_sqnr_db: 15}}]\n", name="cv")
     result = mproj.build(recipe, "cpu", "uint8")
     model = load(result)
-    _check_static_metrics(result, model, samples=16)
+    # its input has an `image:` block: without data it calibrates on the bundled photographs
+    _check_static_metrics(result, model, samples=16, source="bundled photos (calibration set)")
     assert qmetrics(result)["matmul_conv_total"] == 2
-    assert scale_of(model, "x") == pytest.approx(2.0 / 255, rel=0.02)  # synthetic [-1, 1]
+    # mean = std = 0.5 maps pixels [0, 1] to [-1, 1]: at most 2/255 per step, and photos
+    # whose darkest and brightest pixels come near 0 and 255 fill most of it
+    assert 1.6 / 255 < scale_of(model, "x") <= 2.0 / 255 * 1.0001
     assert inits_of(model)["w1_quantized"].shape == (4, 3, 3, 3)
     assert inits_of(model)["w1_scale"].shape == (4,)  # cpu preset: per channel
 
@@ -907,7 +912,7 @@ DECODER = "prompt_encoder_mask_decoder"
 def test_sam3_auto_mixed_precision(sam3) -> None:
     auto = qmetrics(sam3["cpu/uint8"], DECODER)["mixed_precision_auto"]
     assert auto["met"] is True
-    assert auto["target_sqnr_db"] == 25 and auto["type"] == "uint16"
+    assert auto["target_sqnr_db"] == 24 and auto["type"] == "uint16"
     assert auto["scored_on"] == "cpu" and auto["ranked_on"] == "cpu-simulation"
     promoted = auto["promoted"]
     assert 0 < len(promoted) <= auto["max_promoted"]
@@ -924,9 +929,11 @@ def test_sam3_auto_mixed_precision(sam3) -> None:
     rounds = auto["rounds"]
     assert rounds[0]["promoted"] == 0 and rounds[-1]["promoted"] == len(promoted)
     first, last = rounds[0]["output_sqnr_db"], rounds[-1]["output_sqnr_db"]
-    assert first["pred_masks"] < 25
-    assert last["pred_masks"] >= 25 and min(last.values()) >= 25
-    assert last["pred_masks"] - first["pred_masks"] >= 3
+    # scored on grid prompts over held-out photographs, where the 8-bit masks start near
+    # 23.6 dB (on uniform-noise prompts they started below 22 and gained 3 dB or more)
+    assert first["pred_masks"] < 24
+    assert last["pred_masks"] >= 24 and min(last.values()) >= 24
+    assert last["pred_masks"] - first["pred_masks"] >= 0.5
     # the promoted tensors are 16 bit in the written model
     model = load(sam3["cpu/uint8"], DECODER)
     inits = inits_of(model)
@@ -953,7 +960,9 @@ def test_sam3_w8a16_quality_contract(sam3) -> None:
         m = qmetrics(result, comp)
         assert m["matmul_conv_quantized_fraction"] >= 0.9, comp
         assert (m["activation_type"], m["weight_type"], m["qnn"]) == ("uint16", "uint8", True)
-    assert qmetrics(result, DECODER)["calibration_source"] == "inputs_from: vision_encoder"
+    assert qmetrics(result, DECODER)["calibration_source"] == (
+        "inputs_from: vision_encoder; 4x4 grid prompts: fg point, bg point or padding, box"
+    )
     assert qmetrics(result, DECODER)["calibration_samples"] == 64
 
 

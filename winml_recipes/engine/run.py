@@ -55,6 +55,7 @@ class BuildResult:
     output_dir: Path
     manifest: dict[str, Any]
     models: dict[str, Path] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # lines for the person who built it (e.g. the task chosen)
 
 
 @dataclass(frozen=True)

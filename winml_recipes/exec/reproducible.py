@@ -73,12 +73,15 @@ def comparable_manifest(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def fingerprint(out_dir: Path) -> dict[str, Any]:
-    """Every file of a target's output folder by its sha256; the manifest as comparable."""
+    """Every file of a target's output folder by its sha256; the manifest as comparable; the
+    report (which shows the run's times and the folder's path) by its presence."""
     out: dict[str, Any] = {}
     for path in sorted(p for p in Path(out_dir).rglob("*") if p.is_file()):
         rel = path.relative_to(out_dir).as_posix()
         if rel == "manifest.json":
             out[rel] = comparable_manifest(json.loads(path.read_text()))
+        elif rel == "report.html":  # a view of the manifest with its times and paths
+            out[rel] = "present"
         elif NOT_REPRODUCED.fullmatch(path.name):
             out[rel] = {"size_bytes": path.stat().st_size}
         else:

@@ -29,6 +29,12 @@ class Gate:
     threshold: float
     higher_is_better: bool = True
     kind: str | None = None  # what the output is, when that chose the gate
+    advisory: bool = False  # recorded and shown, but the task metric's gates decide
+
+    @property
+    def holds(self) -> bool:
+        """Whether the build may pass: the gate passed, or it only advises."""
+        return self.passed or self.advisory
 
     @property
     def passed(self) -> bool:
@@ -51,7 +57,11 @@ class Gate:
             "margin": self.margin,
             "passed": self.passed,
         }
-        return out | ({"kind": self.kind} if self.kind else {})
+        return (
+            out
+            | ({"kind": self.kind} if self.kind else {})
+            | ({"advisory": True} if self.advisory else {})
+        )
 
     @classmethod
     def from_manifest(cls, record: Mapping[str, Any]) -> Gate:
@@ -62,6 +72,7 @@ class Gate:
             float(record["threshold"]),
             record.get("comparison", ">=") == ">=",
             record.get("kind"),
+            bool(record.get("advisory", False)),
         )
 
     def line(self, with_output: bool = True) -> str:
@@ -69,7 +80,7 @@ class Gate:
         label, unit, _ = _METRICS.get(self.metric, (self.metric, "", True))
         what = f"{self.output} ({self.kind})" if self.kind else self.output
         sign = ">=" if self.higher_is_better else "<="
-        verdict = "pass" if self.passed else "FAIL"
+        verdict = "pass" if self.passed else "advisory, not met" if self.advisory else "FAIL"
         digits = ".5f" if self.metric == "cosine" else ".4g"
         return (
             (f"{what}: " if with_output else "")
