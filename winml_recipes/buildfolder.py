@@ -346,11 +346,15 @@ def verify_upstream(built: BuiltComponent) -> tuple[UpstreamComponent, int] | No
 
 
 def float_reference(built: BuiltComponent, cache_root: Path | None = None) -> Path:
-    """The float model the build verified this component against: the output of its last
-    step that makes one (export, dequantize), read back from the step cache; else its
-    float ONNX source file. An error says to give the reference when neither is there."""
+    """The float model the build verified this component against: the copy the build
+    ships (`float-reference/`); else the output of its last step that makes one (export,
+    dequantize), read back from the step cache; else its float ONNX source file. An error
+    says to give the reference when none is there."""
     from winml_recipes.engine.cache import StepCache
     from winml_recipes.sdk.passes import all_passes
+
+    if built.reference is not None and built.reference.is_file():
+        return built.reference
 
     passes = all_passes()
     cache = StepCache(cache_root)

@@ -47,25 +47,27 @@ def test_compare_the_npu_decoder_with_no_data_options(npu_build: Path) -> None:
     noise = [r["noise_added"] for r in ranked]
     assert noise == sorted(noise, reverse=True) and noise[0] > noise[-1]
 
-    # the component folder, no reference, no data; HTP stays within 30 dB of the simulation
-    # on this decoder (lowest about 34 dB), so divergence is marked from 45 dB
-    text = cli("compare", decoder, "--threshold", "45").stdout
+    # the component folder, no reference, no data
+    text = cli("compare", decoder).stdout
     listed = _rows(text)
     assert [rank for rank, _ in listed[:15]] == list(range(1, 16))
     assert [name for _, name in listed[:15]] == [
         n if len(n) <= 34 else "~" + n[-33:] for n in report["ranking"][:15]
     ]
     assert f"top 15 of {len(rows)}; --all for every one" in text
-    first = json.loads(cli("compare", decoder, "--threshold", "45", "--json").stdout)[
-        "first_divergence"
-    ]
-    assert first is not None and first["target_vs_simulation_db"] < 45
-    assert text.splitlines()[-1] == (
-        f"first divergence: {first['tensor']} ({first['op_type']} {first['node']}): "
-        f"{first['target_vs_float_db']:.1f} dB on the target vs "
-        f"{first['simulation_vs_float_db']:.1f} dB simulated"
-    )
-    assert sum("<- first divergence" in line for line in text.splitlines()) == 1
+    # the last line says where the target first departs from the simulation, or that it
+    # does not (test_qnn's scatter graph is the case where HTP does)
+    first = report["first_divergence"]
+    if first is None:
+        assert text.splitlines()[-1].startswith("no tensor departs from the simulation")
+        assert "<- first divergence" not in text
+    else:
+        assert text.splitlines()[-1] == (
+            f"first divergence: {first['tensor']} ({first['op_type']} {first['node']}): "
+            f"{first['target_vs_float_db']:.1f} dB on the target vs "
+            f"{first['simulation_vs_float_db']:.1f} dB simulated"
+        )
+        assert sum("<- first divergence" in line for line in text.splitlines()) == 1
 
     every = cli("compare", npu_build, "--component", DECODER, "--all").stdout
     assert [rank for rank, _ in _rows(every)] == list(range(1, len(rows) + 1))

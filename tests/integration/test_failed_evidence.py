@@ -103,7 +103,8 @@ def test_a_failed_gate_keeps_the_candidate_and_compare_reads_it(tmp_path: Path) 
     assert done.exit_code == 0, done.output
     compared = json.loads(done.stdout)
     assert compared["build_status"] == "failed"
-    assert compared["reference"] == str(tmp_path / "catalog" / "mlp.onnx")
+    # the float model the evidence ships beside the candidate
+    assert compared["reference"] == str(failed / "float-reference" / "model" / "model.onnx")
     assert compared["verified_on"] == "qnn-htp"
     assert {r["op_type"] for r in compared["tensors"]} >= {"MatMul", "Relu"}
     assert "the candidate is a failed build's evidence" in cli("compare", failed / "model").stdout
