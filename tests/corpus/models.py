@@ -30,7 +30,7 @@ class Entry:
     name: str
     kind: str  # detector, segmenter, classifier, transformer encoder, recurrent/audio, recognizer
     project: str  # the wheel (fetch.WHEELS)
-    make: Callable[[Path, np.random.Generator], tuple[Path, list[Feed]]]
+    make: Callable[[Path, np.random.Generator], tuple[Path, list[Feed]]] | None
     metric_name: str
     metric: metrics.Metric
     threshold: float  # what an npu build must reach on HTP
@@ -324,10 +324,10 @@ def _crepe(folder: Path, rng: np.random.Generator) -> tuple[Path, list[Feed]]:
     return path, feeds
 
 
-def _mel(wav: np.ndarray) -> np.ndarray:
+def _mel(wav: np.ndarray, n_mels: int = 40) -> np.ndarray:
     """librosa.feature.melspectrogram(sr=16000, n_fft=400, hop=160, n_mels=40) in numpy
     (resemblyzer/audio.py wav_to_mel_spectrogram): power spectrum, Slaney mel filters."""
-    n_fft, hop, sr, n_mels = 400, 160, 16000, 40
+    n_fft, hop, sr = 400, 160, 16000
     padded = np.pad(wav, n_fft // 2, mode="reflect")
     window = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n_fft) / n_fft)
     frames = np.lib.stride_tricks.sliding_window_view(padded, n_fft)[::hop] * window
@@ -453,12 +453,38 @@ CORPUS: dict[str, Entry] = {
 }  # fmt: skip
 
 
+HF_KINDS = {"bert": "transformer encoder", "distilbert": "transformer encoder",
+            "roberta": "transformer encoder", "vit": "transformer encoder",
+            "resnet": "classifier", "convnext": "classifier", "mobilenetv2": "classifier",
+            "whisper-encoder": "transformer encoder (audio)"}  # fmt: skip
+# Tiny Hugging Face models (random weights, tests/corpus/hf.py) exported by the user with
+# torch.onnx.export's default (dynamo) exporter; random heads make top-1 meaningless, so
+# the metric is the logits' cosine.
+HF: dict[str, Entry] = {
+    f"hf-{arch}": Entry(
+        f"hf-{arch}",
+        f"HF {kind}",
+        "transformers",
+        None,
+        "logits cosine",
+        metrics.cosine(0),
+        0.98,
+        True,
+    )  # fmt: skip
+    for arch, kind in HF_KINDS.items()
+}
+
+
 def _stack(samples: list[Feed]) -> dict[str, np.ndarray]:
     return {k: np.stack([s[k] for s in samples]) for k in samples[0]}
 
 
 def prepare(name: str, root: Path | None = None) -> Prepared:
     """The model and its data, built once into the corpus cache."""
+    if name in HF:
+        from tests.corpus import hf
+
+        return Prepared(HF[name], *hf.user_export(name[3:], root))
     entry = CORPUS[name]
     folder = (root or fetch.corpus_dir()) / "prepared" / f"{name}-v{DATA_VERSION}"
     stamp = folder / ".complete"
