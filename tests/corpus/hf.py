@@ -202,8 +202,10 @@ def user_export(arch: str, root: Path | None = None) -> tuple[Path, Path, Path]:
     tmp.mkdir(parents=True)
     example = tuple(torch.from_numpy(samples[0][n]) for n in names)
     with torch.no_grad():
-        torch.onnx.export(Logits().eval(), example, str(tmp / "model.onnx"),
-                          input_names=list(names), output_names=["logits"], dynamo=True)  # fmt: skip
+        torch.onnx.export(
+            Logits().eval(), example, str(tmp / "model.onnx"), input_names=list(names),
+            output_names=["logits"], dynamo=True,
+        )  # fmt: skip
     stack = lambda xs: {n: np.stack([s[n] for s in xs]) for n in names}  # noqa: E731
     np.savez(tmp / "calib.npz", **stack(samples[:16]))
     np.savez(tmp / "heldout.npz", **stack(samples[16:]))

@@ -21,9 +21,7 @@ from tests.corpus import fetch
 PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "camera.png", "coins.png",
           "hubble_deep_field.jpg", "motorcycle_left.png", "brick.png", "grass.png",
           "gravel.png", "color.png")  # fmt: skip
-DOCUMENTS = ("page.png", "text.png")
-
-WORDS = (
+WORDS = (  # noqa: SIM905 (a sentence reads better than a list)
     "the quick brown fox jumps over a lazy dog while seven bright stars rise above quiet "
     "hills and rivers carry cold water from the north towards distant cities where people "
     "read books write letters paint walls build bridges measure time and count numbers "
@@ -173,7 +171,7 @@ def speech(text: str, voice: str = "en-us", speed: int = 160, pitch: int = 50) -
 
 def resample(x: np.ndarray, rate: int, target: int) -> np.ndarray:
     """Band-limited resampling by FFT (espeak-ng speaks at 22,050 Hz)."""
-    n = int(round(len(x) * target / rate))
+    n = round(len(x) * target / rate)
     spectrum = np.fft.rfft(x)
     keep = n // 2 + 1
     out = np.fft.irfft(spectrum[:keep], n) * (n / len(x))

@@ -69,7 +69,7 @@ def _pad_line(img: np.ndarray, height: int, width: int) -> np.ndarray:
     """PaddleOCR's cls/rec resize: height fixed, width by aspect (at most `width`),
     normalized to [-1, 1], zero-padded on the right."""
     h, w = img.shape[:2]
-    rw = min(width, int(math.ceil(height * w / h)))
+    rw = min(width, math.ceil(height * w / h))
     x = _chw(inputs.resized(img, (height, rw)), (0.5,) * 3, (0.5,) * 3, bgr=True)
     out = np.zeros((1, 3, height, width), np.float32)
     out[..., :rw] = x
@@ -190,8 +190,9 @@ def _ppocr_det(folder: Path, rng: np.random.Generator) -> tuple[Path, list[Feed]
 
 def _ppocr_cls(folder: Path, rng: np.random.Generator) -> tuple[Path, list[Feed]]:
     """PaddleOCR's text-direction classifier, 0 vs 180 degrees (rapidocr cls: 3x48x192)."""
-    model = fetch.member("rapidocr-onnxruntime",
-                         "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx")  # fmt: skip
+    model = fetch.member(
+        "rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"
+    )
     feeds = []
     for i in range(CALIB + HELDOUT):
         line = inputs.text_line(rng, inputs.words(rng, int(rng.integers(2, 5))), 32,
@@ -470,7 +471,7 @@ HF: dict[str, Entry] = {
         metrics.cosine(0),
         0.98,
         True,
-    )  # fmt: skip
+    )
     for arch, kind in HF_KINDS.items()
 }
 
