@@ -76,6 +76,8 @@ def run_cell(name: str, precision: str, who: str) -> dict:
 
 
 def _cellstr(r: dict) -> str:
+    if "na" in r:
+        return r["na"]
     if "error" in r:
         return f"fails: {r['error']}"
     if "fails" in r:
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
                 i = run_cell(name, precision, "init")
                 rows.append(i)
                 print(line({**i, "model": f"{name} via init", "kind": t.get("kind", "")},
-                           {"error": "not compared (synthetic data)"}), flush=True)  # fmt: skip
+                           {"na": "- (init: synthetic data)"}), flush=True)  # fmt: skip
             if args.json:
                 args.json.write_text(json.dumps(rows, indent=2))
 

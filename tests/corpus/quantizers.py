@@ -113,6 +113,10 @@ def init_build(arch: str, precision: str, work: Path) -> dict:
     done = run("init", hf.saved(arch), "--name", arch)
     if done.returncode != 0:
         return {"error": f"init: {first_line(done.stderr + done.stdout)}"}
+    recipe = work / "recipes" / f"{arch}.yaml"
+    text, target = recipe.read_text(), f"- device: npu\n  precision: {precision}\n"
+    if target not in text:  # init lists the presets' npu default only; a user adds the other
+        recipe.write_text(text.replace("targets:\n", "targets:\n" + target, 1))  # as build says
     done = run("build", f"recipes/{arch}.yaml", "--device", "npu", "--precision", precision,
                "-o", work / "out", "--json")  # fmt: skip
     if done.returncode != 0:
