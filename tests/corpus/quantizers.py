@@ -20,6 +20,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# Where the tool under test is imported from (default: this checkout); the bench can point
+# it at another checkout to measure that one on the same corpus.
+TOOL_ROOT = Path(os.environ.get("WINML_RECIPES_TOOL_ROOT") or REPO)
 
 PRECISIONS = ("w8a16", "uint8")
 CELL_TIMEOUT = 1800
@@ -57,7 +60,7 @@ def tool(p, precision: str, work: Path) -> Path:
         [sys.executable, "-m", "winml_recipes", "build", "--onnx", str(p.model), "--device",
          "npu", "--precision", precision, "--calibration-data", str(p.calib),
          "--eval-data", str(p.heldout), "-o", str(work / "out")],
-        cwd=REPO, capture_output=True, text=True, timeout=CELL_TIMEOUT,
+        cwd=TOOL_ROOT, capture_output=True, text=True, timeout=CELL_TIMEOUT,
         env={**os.environ, "WINML_RECIPES_CACHE": str(work / "cache")},
     )  # fmt: skip
     if done.returncode != 0:
@@ -105,7 +108,7 @@ def init_build(arch: str, precision: str, work: Path) -> dict:
     output cosine on the target and its placement, or the failure's first line."""
     from tests.corpus import hf
 
-    env = {**os.environ, "WINML_RECIPES_CACHE": str(work / "cache"), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "WINML_RECIPES_CACHE": str(work / "cache"), "PYTHONPATH": str(TOOL_ROOT)}
     run = lambda *a: subprocess.run(  # noqa: E731
         [sys.executable, "-m", "winml_recipes", *map(str, a)], cwd=work, capture_output=True,
         text=True, timeout=CELL_TIMEOUT, env=env,
