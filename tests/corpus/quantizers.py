@@ -85,7 +85,13 @@ def ort(p, precision: str, work: Path) -> Path:
 
     proto = onnx.load(str(p.model))
     for name, value in models.heldout_feeds(p)[0].items():
-        make_input_shape_fixed(proto.graph, name, list(value.shape))
+        try:
+            make_input_shape_fixed(proto.graph, name, list(value.shape))
+        except ValueError:  # two anonymous dims share one name ('?'): set them by position
+            (graph_input,) = [i for i in proto.graph.input if i.name == name]
+            for dim, size in zip(graph_input.type.tensor_type.shape.dim, value.shape, strict=True):
+                dim.Clear()
+                dim.dim_value = size
     fixed = work / "fixed.onnx"
     onnx.save(proto, str(fixed))
     pre = work / "preprocessed.onnx"
