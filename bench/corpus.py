@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO))
 from tests.corpus.quantizers import (  # noqa: E402
     CELL_TIMEOUT,
     PRECISIONS,
+    GateFailed,
     first_line,
     init_build,
     measure,
@@ -56,6 +57,10 @@ def cell(name: str, precision: str, who: str) -> dict:
         started = time.perf_counter()
         try:
             built = (tool if who == "tool" else ort)(p, precision, Path(tmp))
+        except GateFailed as exc:  # withheld: what would the kept candidate have done?
+            kept = measure(p, exc.candidate)
+            return row | {"error": first_line(str(exc)), "kept": kept.get("task"),
+                          "placement": kept.get("placement", "-")}  # fmt: skip
         except Exception as exc:
             return row | {"error": first_line(str(exc))}
         row["seconds"] = round(time.perf_counter() - started, 1)
@@ -79,7 +84,8 @@ def _cellstr(r: dict) -> str:
     if "na" in r:
         return r["na"]
     if "error" in r:
-        return f"fails: {r['error']}"
+        kept = f" [kept candidate on HTP: {r['kept']:.4f}]" if r.get("kept") is not None else ""
+        return f"fails: {r['error']}{kept}"
     if "fails" in r:
         extra = f" [with CPU fallback: {r['with_fallback']}]" if "with_fallback" in r else ""
         return f"fails on HTP: {r['fails']}{extra}"

@@ -54,8 +54,18 @@ class _Reader:
         self.it = iter(self.feeds)
 
 
+class GateFailed(RuntimeError):
+    """The build ran but a quality gate withheld the model (exit 3); `candidate` is the
+    model the build kept as evidence, for inspection."""
+
+    def __init__(self, message: str, candidate: Path) -> None:
+        super().__init__(message)
+        self.candidate = candidate
+
+
 def tool(p, precision: str, work: Path) -> Path:
-    """This tool's npu build of `p`, as a user runs it; raises with the failure's line."""
+    """This tool's npu build of `p`, as a user runs it; raises with the failure's line
+    (GateFailed, with the kept candidate, when a quality gate withheld the model)."""
     done = subprocess.run(
         [sys.executable, "-m", "winml_recipes", "build", "--onnx", str(p.model), "--device",
          "npu", "--precision", precision, "--calibration-data", str(p.calib),
@@ -64,7 +74,11 @@ def tool(p, precision: str, work: Path) -> Path:
         env={**os.environ, "WINML_RECIPES_CACHE": str(work / "cache")},
     )  # fmt: skip
     if done.returncode != 0:
-        raise RuntimeError(f"exit {done.returncode}: {first_line(done.stderr + done.stdout)}")
+        message = f"exit {done.returncode}: {first_line(done.stderr + done.stdout)}"
+        kept = sorted((work / "out").glob(f"*/npu-{precision}.failed/*/model.onnx"))
+        if done.returncode == 3 and kept:
+            raise GateFailed(message, kept[0])
+        raise RuntimeError(message)
     found = sorted((work / "out").glob(f"*/npu-{precision}/*/model.onnx"))
     if not found:
         raise RuntimeError("build succeeded but wrote no model.onnx")
