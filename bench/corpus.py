@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -80,15 +81,22 @@ def run_cell(name: str, precision: str, who: str) -> dict:
             "error": f"exit {done.returncode}: {first_line(done.stderr)}"}  # fmt: skip
 
 
+def _short(message: str) -> str:
+    """A failure without the model's path, temp folders and the evidence note."""
+    message = re.sub(r"(error: )?\S+\.(onnx|yaml)(:\d+)?: ", "", message)
+    message = re.sub(r"; evidence kept in .*", "", message)
+    return re.sub(r"/tmp/\S+/", "", message)[:220]
+
+
 def _cellstr(r: dict) -> str:
     if "na" in r:
         return r["na"]
     if "error" in r:
         kept = f" [kept candidate on HTP: {r['kept']:.4f}]" if r.get("kept") is not None else ""
-        return f"fails: {r['error']}{kept}"
+        return f"fails: {_short(r['error'])}{kept}"
     if "fails" in r:
         extra = f" [with CPU fallback: {r['with_fallback']}]" if "with_fallback" in r else ""
-        return f"fails on HTP: {r['fails']}{extra}"
+        return f"fails on HTP: {_short(r['fails'])}{extra}"
     return f"{r['task']:.4f}"
 
 
@@ -97,9 +105,27 @@ HEADER = ("| model | kind | precision | metric | tool on HTP | ORT recipe on HTP
 
 
 def line(t: dict, o: dict) -> str:
-    place = f"{t.get('placement', '-')} / {o.get('placement', '-')}"
+    place = f"{_short(t.get('placement', '-'))} / {_short(o.get('placement', '-'))}"
     return (f"| {t['model']} | {t.get('kind', '')} | {t['precision']} | {t.get('metric', '')} "
             f"| {_cellstr(t)} | {_cellstr(o)} | {place} |")  # fmt: skip
+
+
+def render(rows: list[dict]) -> None:
+    """The table of saved rows, one line per (model, precision) in corpus order."""
+    from tests.corpus import models
+
+    cells = {(r["model"], r["precision"], r["who"]): r for r in rows}
+    order = [*models.CORPUS, *models.HF]
+    print(HEADER)
+    for name in sorted({r["model"] for r in rows}, key=order.index):
+        for precision in PRECISIONS:
+            t, o = cells.get((name, precision, "tool")), cells.get((name, precision, "ort"))
+            if t and o:
+                print(line(t, o))
+            i = cells.get((name, precision, "init"))
+            if i and t:
+                print(line({**i, "model": f"{name} via init", "kind": t.get("kind", "")},
+                           {"na": "- (init: synthetic data)"}))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -109,11 +135,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", default=",".join([*models.CORPUS, *models.HF]))
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--render", type=Path, nargs="+", metavar="JSON",
+                        help="print the table of saved --json rows (later files win)")  # fmt: skip
     parser.add_argument("--cell", nargs=3, metavar=("MODEL", "PRECISION", "WHO"),
                         help=argparse.SUPPRESS)  # fmt: skip
     args = parser.parse_args(argv)
     if args.cell:
         print(json.dumps(cell(*args.cell)), flush=True)
+        return
+    if args.render:
+        render([r for f in args.render for r in json.loads(f.read_text())])
         return
     rows = []
     print(HEADER, flush=True)
