@@ -41,11 +41,16 @@ FAILING: dict[tuple[str, str], str] = {
         "onnxruntime's 0.8649",
     ),
     ("ppocr-det", "w8a16"): _GATE.format(
-        "w8a16", "sigmoid_0.tmp_0 (probability map): max_abs 0.977 (gate <= 0.1) FAIL"
+        "w8a16",
+        "sigmoid_0.tmp_0 (probability map): max_abs 0.977 (gate <= 0.1) FAIL; kept: mask IoU "
+        "0.9414 (onnxruntime's recipe does not load on HTP)",
     ),
     ("ppocr-det", "uint8"): _GATE.format(
-        "uint8", "sigmoid_0.tmp_0 (probability map): max_abs 1 (gate <= 0.1) FAIL"
+        "uint8",
+        "sigmoid_0.tmp_0 (probability map): max_abs 1 (gate <= 0.1) FAIL; kept: mask IoU 0.8746",
     ),
+    ("ddddocr-det", "uint8"): "box F1 0.0612 on HTP, below 0.8 and onnxruntime's 0.0669 (both "
+    "recipes lose the detector with 8-bit activations; w8a16 keeps it: 0.9859)",
     ("ppocr-cls", "uint8"): _GATE.format(
         "uint8",
         "save_infer_model/scale_0.tmp_1 (probability "
