@@ -72,7 +72,9 @@ def _convnext():
 def _mobilenetv2():
     from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
 
-    cfg = MobileNetV2Config(image_size=64, depth_multiplier=0.35, num_labels=10)
+    # initializer_range 0.02 (the default) leaves logits of 1e-26 at this width: a dead model
+    cfg = MobileNetV2Config(image_size=64, depth_multiplier=0.35, num_labels=10,
+                            initializer_range=0.25)  # fmt: skip
     return MobileNetV2ForImageClassification(cfg), IMAGE_PREPROCESSOR
 
 
