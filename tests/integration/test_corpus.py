@@ -58,7 +58,8 @@ FAILING: dict[tuple[str, str], str] = {
         "1.0",
     ),
     ("ppocr-rec", "w8a16"): _GATE.format(
-        "w8a16", "softmax_11.tmp_0 (probability map): max_abs 0.9554 (gate <= 0.1) FAIL"
+        "w8a16",
+        "softmax_11.tmp_0 (probability map): max_abs 0.9554 (gate <= 0.1) FAIL; kept: 0.9225",
     ),
     ("ppocr-rec", "uint8"): _GATE.format(
         "uint8", "softmax_11.tmp_0 (probability map): max_abs 0.9936 (gate <= 0.1) FAIL"
@@ -66,7 +67,9 @@ FAILING: dict[tuple[str, str], str] = {
     ("minilm-l6", "w8a16"): "exit 2: model/verify [npu/w8a16]: QNNExecutionProvider (htp) failed "
     "to finalize the graph (QNN_COMMON_ERROR_MEM_ALLOC); the smallest failing region is "
     "node_div_1 (Div) [+2 node(s): node_linalg_vector_norm (ReduceL2), ...] (the L2 norm)",
-    ("minilm-l6", "uint8"): _GATE.format("uint8", "task: cosine_worst 0.8096 (gate >= 0.95) FAIL"),
+    ("minilm-l6", "uint8"): _GATE.format(
+        "uint8", "task: cosine_worst 0.8096 (gate >= 0.95) FAIL; kept: cosine 0.8647"
+    ),
     **{
         ("ddddocr-ocr", p): f"exit 2: model/verify [npu/{p}]: output '387' has shape "
         "[24, 1, 8210], the catalog says [1, 'seqlen'] (the file declares a wrong output shape)"
@@ -87,7 +90,11 @@ FAILING: dict[tuple[str, str], str] = {
 }
 
 # The Hugging Face `init` path: arch -> today's failure.
-INIT_FAILING: dict[tuple[str, str], str] = {}
+INIT_FAILING: dict[tuple[str, str], str] = {
+    ("whisper-encoder", p): "init: error: architecture WhisperForAudioClassification is not a "
+    "task the auto exporter can export (no audio task; the user's own export builds: 1.0)"
+    for p in PRECISIONS
+}
 
 
 def _expected_ep() -> str:
