@@ -594,6 +594,8 @@ def _output_line(output: str, metrics: dict[str, Any], gates: list[dict[str, Any
         "cosine": f"cosine {metrics['cosine']:.5f}",
         "max_abs": f"max_abs {metrics['max_abs']:.3g}",
     }
+    if "decision_iou" in held:
+        shown["decision_iou"] = ""
     parts = [held[m].line(with_output=False) if m in held else text for m, text in shown.items()]
     return f"{output}{f' ({kind})' if kind else ''}: " + ", ".join(parts)
 

@@ -18,29 +18,38 @@ def _sparse_scores() -> tuple[np.ndarray, np.ndarray]:
     return ref, np.clip(ref + noise, 0, 1)
 
 
-def test_a_sparse_probability_map_is_held_to_max_abs_not_sqnr() -> None:
+def test_a_sparse_probability_map_is_held_to_its_decisions_not_sqnr() -> None:
     """Its SQNR is low (little signal power) though no score moved more than 0.004; with
-    probability_max_abs it is gated by max_abs, without it by SQNR and cosine."""
+    probability_decision_iou it is gated by the IoU of the scores above 0.5 (the five
+    detections, all kept), without it by SQNR and cosine."""
     ref, cand = _sparse_scores()
     metrics = compare_runs([{"scores": ref}], [{"scores": cand}])["scores"]
     assert metrics["sqnr_db"] < 20  # what made the issue's detector fail its gate
     limits = {"min_sqnr_db": 20.0, "min_cosine": 0.99, "max_abs": None}
     plain = gates_for("scores", metrics, limits)
     assert [(g.metric, g.passed) for g in plain] == [("sqnr_db", False), ("cosine", False)]
-    kinded = gates_for("scores", metrics, limits, probability_max_abs=0.1)
-    assert [(g.metric, g.kind, g.passed) for g in kinded] == [("max_abs", PROBABILITY, True)]
-    assert abs(kinded[0].margin - (0.1 - metrics["max_abs"])) < 1e-12
+    kinded = gates_for("scores", metrics, limits, probability_decision_iou=0.8)
+    assert [(g.metric, g.kind, g.value) for g in kinded] == [("decision_iou", PROBABILITY, 1.0)]
 
 
-def test_values_outside_unit_range_keep_sqnr_and_name_the_kind_on_failure() -> None:
+def test_a_lost_detection_fails_the_decision_gate_whatever_the_background() -> None:
+    """Two of five detections dropped below 0.5: IoU 3/5, below 0.8, although 19,998 of
+    20,000 scores agree (a share of agreeing elements would pass a dead detector)."""
+    ref, cand = _sparse_scores()
+    cand[0, :2] = 0.3
+    metrics = compare_runs([{"scores": ref}], [{"scores": cand}])["scores"]
+    gate = gates_for("scores", metrics, {}, probability_decision_iou=0.8)[0]
+    assert gate.value == 3 / 5 and not gate.passed
+    assert (
+        gate.line() == "scores (probability map): decision IoU 0.6 (gate >= 0.8, margin -0.2) FAIL"
+    )
+
+
+def test_values_outside_unit_range_keep_sqnr() -> None:
     ref, cand = _sparse_scores()
     metrics = compare_runs([{"boxes": ref * 640 - 3}], [{"boxes": cand * 640 - 3}])["boxes"]
-    gates = gates_for("boxes", metrics, {"min_sqnr_db": 20.0}, probability_max_abs=0.1)
+    gates = gates_for("boxes", metrics, {"min_sqnr_db": 20.0}, probability_decision_iou=0.8)
     assert [g.metric for g in gates] == ["sqnr_db"] and gates[0].kind is None
-    bad = gates_for(
-        "s", {"max_abs": 0.3, "ref_min": 0.0, "ref_max": 1.0}, {}, probability_max_abs=0.1
-    )
-    assert bad[0].line() == "s (probability map): max_abs 0.3 (gate <= 0.1, margin -0.2) FAIL"
 
 
 def test_gate_records_round_trip_and_read_as_verdicts() -> None:

@@ -615,6 +615,7 @@ def test_compare_identical_is_finite_cap():
         "nonfinite": 0.0,
         "ref_min": 0.0,  # np.arange(6): 0..5
         "ref_max": 5.0,
+        "decision_iou": 1.0,  # the same elements (1..5) above 0.5 on both sides
     }
     json.dumps(m, allow_nan=False)
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 SQNR_CAP_DB = 200.0
+DECISION = 0.5  # where a score map's decisions are read (decision_iou)
 
 
 class _Acc:
@@ -29,6 +30,8 @@ class _Acc:
         self.nonfinite = 0
         self.ref_min = math.inf
         self.ref_max = -math.inf
+        self.above_both = 0  # elements above 0.5 on both sides (decisions of a score map)
+        self.above_either = 0
 
     def add(self, ref: np.ndarray, cand: np.ndarray) -> None:
         r = np.asarray(ref, dtype=np.float64).ravel()
@@ -43,6 +46,9 @@ class _Acc:
             self.max_abs = max(self.max_abs, float(np.max(np.abs(err))))
             self.ref_min = min(self.ref_min, float(r.min()))
             self.ref_max = max(self.ref_max, float(r.max()))
+            r_up, c_up = r > DECISION, c > DECISION
+            self.above_both += int(np.count_nonzero(r_up & c_up))
+            self.above_either += int(np.count_nonzero(r_up | c_up))
         self.sum_abs += float(np.sum(np.abs(err)))
         self.dot += float(np.dot(r, c))
         self.ref2 += float(np.dot(r, r))
@@ -72,14 +78,17 @@ class _Acc:
             "nonfinite": float(self.nonfinite),
             # the float output's value range (what kind of output it is: scores, offsets)
             **({"ref_min": self.ref_min, "ref_max": self.ref_max} if self.n else {}),
+            # read as scores: IoU of the elements above 0.5 on each side (1: none on either)
+            "decision_iou": self.above_both / self.above_either if self.above_either else 1.0,
         }
 
 
 def compare_runs(
     refs: Sequence[Mapping[str, np.ndarray]], cands: Sequence[Mapping[str, np.ndarray]]
 ) -> dict[str, dict[str, float]]:
-    """Per reference output: max_abs, mean_abs, cosine, sqnr_db, nonfinite and the reference's
-    finite range (ref_min, ref_max), over all batches.
+    """Per reference output: max_abs, mean_abs, cosine, sqnr_db, nonfinite, the reference's
+    finite range (ref_min, ref_max) and decision_iou (of the elements above 0.5 on each
+    side), over all batches.
 
     `nonfinite` counts candidate/reference elements where one side is NaN/inf and the other
     differs; any such element sets sqnr_db to -SQNR_CAP_DB. Candidate outputs that the

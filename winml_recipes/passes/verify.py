@@ -118,11 +118,12 @@ class VerifyConfig:
         "cosine / max_abs gates are recorded and shown as advisory (the quantized presets, "
         "so `build --onnx` of a known task is not withheld on a secondary number).",
     )
-    probability_max_abs: float | None = option(
+    probability_decision_iou: float | None = option(
         None,
         "Hold outputs the float model keeps inside [0, 1] (probability maps: sigmoid or "
-        "softmax scores) to this max_abs instead of SQNR and cosine, unless `outputs` sets "
-        "their thresholds (build --onnx: 0.1).",
+        "softmax scores) to this IoU of their decisions (elements above 0.5, float vs "
+        "target) instead of SQNR and cosine, unless `outputs` sets their thresholds (the "
+        "quantized presets: 0.8).",
         minimum=0,
         maximum=1,
     )
@@ -441,15 +442,15 @@ def _task_metric(
 
 def _gates(metrics: dict[str, dict[str, float]], config: VerifyConfig) -> list[Gate]:
     """Every output's gates: the step's thresholds, an output's own where `outputs` sets
-    them, a probability map's max_abs where `probability_max_abs` asks for it."""
+    them, a probability map's decision IoU where `probability_decision_iou` asks for it."""
     out: list[Gate] = []
     per_output = config.outputs or {}
     for name, m in metrics.items():
         limits = {k: getattr(config, k) for k in THRESHOLDS}
-        auto = config.probability_max_abs
+        auto = config.probability_decision_iou
         if name in per_output:
             given = {k: getattr(per_output[name], k) for k in THRESHOLDS}
             limits |= {k: v for k, v in given.items() if v is not None}
             auto = None  # the recipe said what this output is held to
-        out.extend(gates_for(name, m, limits, probability_max_abs=auto))
+        out.extend(gates_for(name, m, limits, probability_decision_iou=auto))
     return out

@@ -15,6 +15,7 @@ _METRICS: dict[str, tuple[str, str, bool]] = {
     "sqnr_db": ("SQNR", " dB", True),
     "cosine": ("cosine", "", True),
     "max_abs": ("max_abs", "", False),
+    "decision_iou": ("decision IoU", "", True),
 }
 # VerifyConfig threshold names -> metric
 THRESHOLD_METRICS = {"min_sqnr_db": "sqnr_db", "min_cosine": "cosine", "max_abs": "max_abs"}
@@ -103,17 +104,17 @@ def gates_for(
     metrics: Mapping[str, float],
     limits: Mapping[str, float | None],
     *,
-    probability_max_abs: float | None = None,
+    probability_decision_iou: float | None = None,
 ) -> list[Gate]:
-    """The gates one output is held to. With `probability_max_abs`, a probability map is
-    held to that max_abs instead of SQNR and cosine: a map of mostly near-zero scores has
-    almost no signal power, so a few thousandths of noise sink its SQNR while no score
-    moves enough to change a decision."""
-    kind = output_kind(metrics) if probability_max_abs is not None else None
-    if kind == PROBABILITY:
-        limit = limits.get("max_abs")
-        threshold = min(limit, probability_max_abs) if limit is not None else probability_max_abs
-        return [Gate(output, "max_abs", metrics["max_abs"], threshold, False, kind)]
+    """The gates one output is held to. With `probability_decision_iou`, a probability map
+    is held to the IoU of its decisions (elements above 0.5, float vs target) instead of
+    SQNR and cosine: a map of mostly near-zero scores has little signal power, so noise no
+    decision notices sinks its SQNR, and one pixel at an object's edge moves max_abs by up
+    to 1 while the detection stands."""
+    kind = output_kind(metrics) if probability_decision_iou is not None else None
+    if kind == PROBABILITY and "decision_iou" in metrics:
+        threshold = float(probability_decision_iou)
+        return [Gate(output, "decision_iou", float(metrics["decision_iou"]), threshold, True, kind)]
     out = []
     for name, metric in THRESHOLD_METRICS.items():
         threshold = limits.get(name)
