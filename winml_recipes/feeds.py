@@ -221,7 +221,9 @@ def from_npz(files: list[Path], contract: IOContract, samples: int, skip: int = 
                     continue
                 if produced >= samples:
                     return
-                yield {n: (arrays[n][i] if stacked else arrays[n]) for n in names}
+                # np.asarray: a stacked scalar input (`sr` of a VAD) indexes to a numpy
+                # scalar, which onnxruntime does not take
+                yield {n: np.asarray(arrays[n][i] if stacked else arrays[n]) for n in names}
                 produced += 1
             del arrays
 

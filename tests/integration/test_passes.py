@@ -342,3 +342,53 @@ def test_quantizer_external_data_is_adopted(tmp_path, monkeypatch) -> None:
     out = result.models["model"].parent
     assert sorted(p.name for p in out.iterdir()) == ["graph.yaml", "model.onnx"]
     assert _steps(result)["quantize"]["status"] == "ran"
+
+
+def test_normalize_keeps_the_outer_values_an_if_body_reads(tmp_path) -> None:
+    """silero-vad's decoder: an If branch reads an outer Constant. onnxruntime's optimizer
+    turns the Constant into an initializer, which normalize renames; the branch kept the
+    old name ("input '/Constant_output_0' ... cannot be found in any scope")."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    f = TensorProto.FLOAT
+    then = helper.make_graph(
+        [helper.make_node("Add", ["x", "c"], ["t"])], "then", [],
+        [helper.make_tensor_value_info("t", f, [2])],
+    )  # fmt: skip
+    other = helper.make_graph(
+        [helper.make_node("Sub", ["x", "c"], ["e"])], "else", [],
+        [helper.make_tensor_value_info("e", f, [2])],
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", f, [2], [1, 2])),
+            helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+            helper.make_node("Greater", ["s", "zero"], ["pos"]),
+            helper.make_node("If", ["pos"], ["y"], then_branch=then, else_branch=other),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", f, [2])],
+        [helper.make_tensor_value_info("y", f, [2])],
+        [helper.make_tensor("zero", f, [], [0.0])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    recipe = make_mlp_project(tmp_path / "p", steps="[{normalize: {force: true}}]")
+    catalog = tmp_path / "p" / "catalog" / "mlp.yaml"
+    catalog.write_text(
+        "schema_version: 1\nname: mlp\ntask: unknown\nlicense: mit\ncomponents:\n  model:\n"
+        f"    source: {{ref: {path}}}\n    inputs:\n"
+        "      x: {dtype: float32, shape: [2], range: [-1.0, 1.0]}\n"
+        "    outputs:\n      y: {shape: [2]}\n"
+    )
+    recipe.write_text(recipe.read_text().replace("npu, precision: fp32", "cpu, precision: fp32"))
+    result = api.build(recipe, output_root=tmp_path / "o")
+    built = str(result.models["model"])
+    onnx.checker.check_model(onnx.load(built))
+    session = ort.InferenceSession(built, providers=["CPUExecutionProvider"])
+    x = np.array([1.0, 2.0], np.float32)
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], x + [1, 2])
+    np.testing.assert_array_equal(session.run(None, {"x": -x})[0], -x - [1, 2])

@@ -32,7 +32,7 @@ class NormalizeConfig:
 @register
 class NormalizePass(RewritesGraph, Pass[NormalizeConfig]):
     name = "normalize"
-    version = 4
+    version = 5
     target_dependent = False
     summary = "Constant folding and cleanup that keeps standard ONNX ops (runs once per model)."
 
@@ -57,11 +57,24 @@ class NormalizePass(RewritesGraph, Pass[NormalizeConfig]):
         assert src is not None
         source = load_model(src, load_external_data=False)
         before = len(source.graph.node)
-        model = _ort_basic(src, ctx.work_dir) if config.backend == "ort" else _onnxscript(src)
+        hoisted = _late_constants(source.graph)
+        if hoisted:  # read by an If/Loop body before the node that makes them: move them up
+            model = load_model(src)
+            _constants_first(model.graph)
+            src = save_model(model, ctx.work_dir / "constants-first" / "model.onnx")
+        backend, fallback = config.backend, None
+        model = _ort_basic(src, ctx.work_dir) if backend == "ort" else _onnxscript(src)
+        broken = _invalid(model) if backend == "ort" else None
+        if broken:
+            # onnxruntime's saved graph drops outer-scope values that an If/Loop body reads
+            # (silero-vad: "input '/Constant_1_output_0' ... is not output of any previous
+            # nodes"); onnxscript's optimizer keeps scopes.
+            backend, fallback = "onnxscript", f"onnxruntime's output was invalid: {broken}"
+            model = _onnxscript(src)
         renamed = _rename_new_initializers(model, {t.name for t in source.graph.initializer})
         named = name_nodes(model.graph)
         model.graph.ClearField("value_info")
-        write_stamp(model, tool=f"winml-recipes {__version__} normalize/{config.backend}")
+        write_stamp(model, tool=f"winml-recipes {__version__} normalize/{backend}")
         out = save_model(model, model_file(out_dir))
         after = graph_digest(model)["node_count"]
         return StepResult(
@@ -71,6 +84,8 @@ class NormalizePass(RewritesGraph, Pass[NormalizeConfig]):
                 "nodes_after": after,
                 "initializers_renamed": renamed,
                 "nodes_named": named,
+                **({"constants_moved_up": hoisted} if hoisted else {}),
+                **({"backend_used": backend, "fallback": fallback} if fallback else {}),
             },
         )
 
@@ -98,10 +113,7 @@ def _rename_new_initializers(model, source_names: set[str]) -> int:
         taken.add(new)
         renames[tensor.name] = new
         tensor.name = new
-    for node in graph.node:
-        for i, name in enumerate(node.input):
-            if name in renames:
-                node.input[i] = renames[name]
+    _rewire(graph, renames)
     for vi in graph.input:
         if vi.name in renames:
             vi.name = renames[vi.name]
@@ -129,6 +141,78 @@ def _ort_basic(src: Path, scratch: Path):
     model = load_model(scratch / "optimized.onnx")
     # ORT records its own producer; keep the source's metadata minus our stale stamp.
     return model
+
+
+def _rewire(graph, renames: dict[str, str]) -> None:
+    """Point every reader at the new names, in If/Loop bodies too (they read outer values:
+    silero-vad's decoder lost `/Constant_output_0` when only the main graph was rewired)."""
+    import onnx
+
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in renames:
+                node.input[i] = renames[name]
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _rewire(attr.g, renames)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    _rewire(sub, renames)
+
+
+def _late_constants(graph) -> int:
+    """How many Constant nodes come after a node whose subgraph reads them (exporters write
+    that; onnxruntime runs it, but its optimizer and onnx_ir lose the value: silero-vad's
+    `/Constant_output_0`, read in an If branch, "cannot be found in any scope")."""
+    import onnx
+
+    made_at = {o: i for i, n in enumerate(graph.node) if n.op_type == "Constant" for o in n.output}
+    late = set()
+    for i, node in enumerate(graph.node):
+        for attr in node.attribute:
+            subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+            for sub in subgraphs:
+                for name in _names_read(sub):
+                    if made_at.get(name, -1) > i:
+                        late.add(name)
+    return len(late)
+
+
+def _names_read(graph):
+    """Every value name a graph's nodes read, its subgraphs' included."""
+    import onnx
+
+    for node in graph.node:
+        yield from node.input
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _names_read(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from _names_read(sub)
+
+
+def _constants_first(graph) -> None:
+    """Constant nodes (no inputs) first, the rest in their order: still topological."""
+    nodes = list(graph.node)
+    ordered = [n for n in nodes if n.op_type == "Constant"] + [
+        n for n in nodes if n.op_type != "Constant"
+    ]
+    del graph.node[:]
+    graph.node.extend(ordered)
+
+
+def _invalid(model) -> str | None:
+    """The first problem onnx's checker finds in the graph (scopes, order), or None."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        return " ".join(str(exc).split())[:160]
+    except ValueError:  # too large for an in-memory check: onnxruntime loads it next anyway
+        return None
+    return None
 
 
 def _onnxscript(src: Path):
