@@ -390,5 +390,6 @@ def test_normalize_keeps_the_outer_values_an_if_body_reads(tmp_path) -> None:
     onnx.checker.check_model(onnx.load(built))
     session = ort.InferenceSession(built, providers=["CPUExecutionProvider"])
     x = np.array([1.0, 2.0], np.float32)
-    np.testing.assert_array_equal(session.run(None, {"x": x})[0], x + [1, 2])
-    np.testing.assert_array_equal(session.run(None, {"x": -x})[0], -x - [1, 2])
+    c = np.array([1.0, 2.0], np.float32)
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], x + c)
+    np.testing.assert_array_equal(session.run(None, {"x": -x})[0], -x - c)
