@@ -214,6 +214,22 @@ def test_recurrent_nodes_it_cannot_unroll_are_kept_with_the_reason(tmp_path: Pat
     assert done.log.kept == [{"rule": RULE_LSTM, "node": lstm.name, "why": "clip is set"}]
 
 
+def test_a_model_over_the_unroll_budget_keeps_its_recurrent_nodes(tmp_path: Path) -> None:
+    """Two stacked LSTM layers over 160 steps (320 steps in all, over MAX_MODEL_STEPS): each
+    layer alone is under MAX_STEPS, but the unrolled model (about 16 nodes a step) is what
+    kept resemblyzer's build on the emulated HTP past 30 minutes; the nodes stay, named."""
+    from winml_recipes.graph.recurrent import MAX_MODEL_STEPS, MAX_STEPS
+
+    path = prepare_models.recurrent(tmp_path / "r.onnx", "LSTM", False, seq=160, layers=2)
+    model = onnx.load(str(path))
+    lstms = [n for n in model.graph.node if n.op_type == "LSTM"]
+    assert len(lstms) == 2 and 160 <= MAX_STEPS and 2 * 160 > MAX_MODEL_STEPS
+    done = prepare(model)
+    assert _ops(done.model)["LSTM"] == 2
+    assert [k["node"] for k in done.log.kept] == [n.name for n in lstms]
+    assert all("unroll to 320 steps x directions in all" in k["why"] for k in done.log.kept)
+
+
 def test_first_difference_names_the_output_and_the_size() -> None:
     a = [{"y": np.array([1.0, 2.0], np.float32), "i": np.array([1, 2])}]
     assert (

@@ -30,6 +30,11 @@ RULE_GRU = "unroll_gru"
 # Steps x directions above which a recurrent node is left alone (a graph of tens of
 # thousands of nodes would take HTP's graph preparation longer than the CPU takes to run it).
 MAX_STEPS = 512
+# Steps x directions over every recurrent node of a model: resemblyzer's 3-layer LSTM over 160
+# frames (480) unrolled to 7,681 nodes, and its build had not finished verifying on the
+# emulated HTP after 30 minutes; 1,572 nodes (a bidirectional GRU over 12 steps) took
+# seconds. Over the budget the nodes stay, and the build names them where HTP refuses.
+MAX_MODEL_STEPS = 256
 _ACTIVATIONS = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu"}
 _DEFAULTS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh")}
 
@@ -253,10 +258,19 @@ def _unroll(graph: ir.Graph, node: ir.Node, cell: _Cell) -> None:
     emit.replace(outs, new)
 
 
+def _steps(node: ir.Node) -> int:
+    """Steps x directions of a recurrent node with a static input (checked by _read)."""
+    x_shape = static_shape(node.inputs[0]) or (1, 1, 1)
+    layout = node.attributes.get_int("layout", 0)
+    seq = x_shape[0] if layout == 0 else x_shape[1]
+    return seq * (2 if node.attributes.get_string("direction", "forward") == "bidirectional" else 1)
+
+
 def unroll_recurrent(model: ir.Model, log: RewriteLog) -> dict[str, int]:
     """Unroll every LSTM and GRU of the main graph that can be; counts per op type."""
     graph = model.graph
     counts = {"LSTM": 0, "GRU": 0}
+    cells = []
     for node in list(graph):
         if node.op_type not in counts or node.domain != "":
             continue
@@ -264,6 +278,18 @@ def unroll_recurrent(model: ir.Model, log: RewriteLog) -> dict[str, int]:
         cell, why = _read(node)
         if cell is None:
             log.keep(rule, node.name, why)
+            continue
+        cells.append((node, rule, cell))
+    total = sum(_steps(node) for node, _, _ in cells)
+    for node, rule, cell in cells:
+        if total > MAX_MODEL_STEPS:
+            log.keep(
+                rule,
+                node.name,
+                f"the model's recurrent nodes unroll to {total} steps x directions in all, over "
+                f"{MAX_MODEL_STEPS} (QNN HTP's graph preparation of the unrolled graph takes "
+                "longer than running it)",
+            )
             continue
         _unroll(graph, node, cell)
         log.add(rule, node.name)
