@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.corpus.metrics import ctc_decode, edit_distance
+
 Feed = dict[str, np.ndarray]
 
 VOCAB = 320  # token ids 0..319: pad 0, [CLS] 1, [SEP] 2, words from 5
@@ -110,22 +112,9 @@ def top1_agreement(reference: list[Feed], candidate: list[Feed]) -> float:
 def greedy_decode(logits: np.ndarray) -> list[int]:
     """CTC greedy decoding of [1, T, C] logits: best class per step, repeats merged,
     blanks dropped."""
-    best = np.asarray(logits).reshape(-1, np.asarray(logits).shape[-1]).argmax(-1)
-    out, last = [], None
-    for k in best.tolist():
-        if k != last and k != BLANK:
-            out.append(k)
-        last = k
-    return out
-
-
-def _edit_distance(a: list[int], b: list[int]) -> int:
-    row = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        prev, row[0] = row[0], i
-        for j, y in enumerate(b, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
-    return row[-1]
+    return ctc_decode(
+        np.asarray(logits).reshape(-1, np.asarray(logits).shape[-1]).argmax(-1), BLANK
+    )
 
 
 def character_agreement(reference: list[Feed], candidate: list[Feed]) -> float:
@@ -134,7 +123,7 @@ def character_agreement(reference: list[Feed], candidate: list[Feed]) -> float:
     errors = total = 0
     for r, c in zip(reference, candidate, strict=True):
         want = greedy_decode(next(iter(r.values())))
-        errors += _edit_distance(want, greedy_decode(next(iter(c.values()))))
+        errors += edit_distance(want, greedy_decode(next(iter(c.values()))))
         total += max(1, len(want))
     return 1.0 - errors / total
 

@@ -59,7 +59,8 @@ def ctc_decode(ids: np.ndarray, blank: int = 0) -> list[int]:
     return out
 
 
-def _edit(a: list[int], b: list[int]) -> int:
+def edit_distance(a: list[int], b: list[int]) -> int:
+    """Levenshtein distance of two label sequences."""
     row = list(range(len(b) + 1))
     for i, x in enumerate(a, 1):
         prev, row[0] = row[0], i
@@ -79,7 +80,7 @@ def characters(output: str | int = 0, argmax: bool = True, blank: int = 0) -> Me
         errors = total = 0
         for r, c in zip(ref, cand, strict=True):
             want = decode(_out(r, output))
-            errors += _edit(want, decode(_out(c, output)))
+            errors += edit_distance(want, decode(_out(c, output)))
             total += max(1, len(want))
         return max(0.0, 1.0 - errors / total)
 
