@@ -406,7 +406,12 @@ def _check_output_shapes(outputs: dict[str, Any], ctx: StepContext) -> None:
         mismatch = any(w is not None and w != g for w, g in zip(want, got, strict=False))
         if len(got) != len(want) or mismatch:
             shown = [d if isinstance(d, int) else known.get(d, d) for d in spec.shape]
-            raise PassError(f"output '{spec.name}' has shape {list(got)}, the catalog says {shown}")
+            raise PassError(
+                f"output '{spec.name}' has shape {list(got)}, the catalog says {shown}; where "
+                "the catalog entry was read from the model file (build --onnx, init), the file "
+                "declares a shape it does not produce: fix `outputs` in the entry `winml-recipes "
+                "init` writes and build that"
+            )
 
 
 def _task_metric(
