@@ -11,23 +11,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from tests.conftest import REPO, cli, make_mlp_onnx
+from tests.conftest import MLP_CATALOG, REPO, cli, make_mlp_onnx
 from tests.integration.test_matrix_cli import valid_report
-
-CATALOG = """\
-schema_version: 1
-name: mlp
-task: feature-extraction
-license: mit
-components:
-  model:
-    source: {ref: ./mlp.onnx}
-    dims: {batch: 2}
-    inputs:
-      x: {dtype: float32, shape: [batch, 4], range: [-1.0, 1.0]}
-    outputs:
-      y: {shape: [batch, 3]}
-"""
 
 
 def _project(root: Path, gate: float) -> Path:
@@ -35,7 +20,7 @@ def _project(root: Path, gate: float) -> Path:
     (root / "catalog").mkdir(parents=True, exist_ok=True)
     (root / "recipes").mkdir(exist_ok=True)
     make_mlp_onnx(root / "catalog" / "mlp.onnx", hidden=16)
-    (root / "catalog" / "mlp.yaml").write_text(CATALOG)
+    (root / "catalog" / "mlp.yaml").write_text(MLP_CATALOG.format(ref="./mlp.onnx"))
     recipe = root / "recipes" / "mlp.yaml"
     recipe.write_text(
         "schema_version: 1\nname: mlp\nmodel: mlp\n"

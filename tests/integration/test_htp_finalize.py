@@ -66,6 +66,14 @@ def _build(tmp_path: Path, model: Path, calib: dict, held_out: dict, precision="
     return quantize, verify["outputs"] | {"_verify": verify}
 
 
+def _tiny_bert_config(transformers, **extra):
+    """The tiny BERT every test here builds (random weights, 2 layers of 32)."""
+    return transformers.BertConfig(
+        vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=64, **extra,
+    )  # fmt: skip
+
+
 def _normal(seed: int, n: int, shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
     return (np.random.default_rng(seed).normal(size=(n, *shape)) * scale).astype(np.float32)
 
@@ -198,10 +206,7 @@ def test_bert_exported_with_torch_dynamo(tmp_path: Path, precision: str) -> None
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=64, max_position_embeddings=64, num_labels=2,
-    )  # fmt: skip
+    config = _tiny_bert_config(transformers, num_labels=2)
     model = transformers.BertForSequenceClassification(config).eval()
     rng = np.random.default_rng(0)
 
@@ -256,10 +261,7 @@ def test_bert_through_init(tmp_path: Path, monkeypatch) -> None:
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=64, max_position_embeddings=64, num_labels=2,
-    )  # fmt: skip
+    config = _tiny_bert_config(transformers, num_labels=2)
     transformers.BertForSequenceClassification(config).save_pretrained(str(tmp_path / "bert"))
     steps = _hf_init_build(tmp_path, monkeypatch, "bert", "w8a16")
     quantize = steps["quantize"]["metrics"]
@@ -299,10 +301,7 @@ def test_sentence_embedder_through_init_is_judged_by_cosine(tmp_path: Path, monk
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=64, max_position_embeddings=64,
-    )  # fmt: skip
+    config = _tiny_bert_config(transformers)
     transformers.BertModel(config).save_pretrained(str(tmp_path / "enc"))
     steps = _hf_init_build(tmp_path, monkeypatch, "enc", "w8a16")
     task = steps["verify"]["metrics"]["task_metric"]
