@@ -18,7 +18,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt torch
-	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[export,dev,qnn,datasets,ray]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[export,dev,qnn,openvino,datasets,ray]'
 	touch $(STAMP)
 
 build: install
