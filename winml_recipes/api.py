@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from winml_recipes.engine.cache import StepCache
+from winml_recipes.engine.cache import StepCache, check_output_apart
 from winml_recipes.engine.plan import Plan, make_plan
 from winml_recipes.engine.run import BuildResult, Reporter, run_plan
 from winml_recipes.exec.matrix import MatrixReport
@@ -64,11 +64,14 @@ def build(
     `memory_budget` ("12GB", or MB): steps estimated above it stop the build before they
     start (default: $WINML_RECIPES_MEMORY_BUDGET, else physical memory minus headroom).
     """
+    cache = StepCache(cache_dir, enabled=use_cache)
+    if use_cache:
+        check_output_apart(Path(output_root), cache.root)
     the_plan = plan(recipe, **kwargs)
     return run_plan(
         the_plan,
         output_root=Path(output_root),
-        cache=StepCache(cache_dir, enabled=use_cache),
+        cache=cache,
         reporter=reporter,
         wait_seconds=wait_seconds,
         memory_budget=memory_budget,
@@ -117,9 +120,11 @@ def matrix(
     from winml_recipes.exec.matrix import expand, parse_targets, run_tasks
     from winml_recipes.exec.task import TargetTask
 
-    chosen = make_executor(executor, jobs=jobs, address=address)
     # The driver's store and catalog, whatever the workers' environment says.
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    if use_cache:
+        check_output_apart(Path(output_root), cache_dir)
+    chosen = make_executor(executor, jobs=jobs, address=address)
     catalog_dir = catalog_dir or os.environ.get(CATALOG_ENV) or None
     if progress == "rich" and chosen.name != "local":
         progress = "stderr"

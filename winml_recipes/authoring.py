@@ -10,11 +10,13 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from winml_recipes.sdk.contract import TensorSpec
-from winml_recipes.sdk.errors import RecipeError
+from winml_recipes.sdk.errors import CatalogError, RecipeError
+from winml_recipes.untrusted import printable
 
 
 def parse_shapes(items: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...]]:
@@ -392,18 +394,34 @@ def init_project(
 
 
 def _write_init(
-    entry: dict, dims: Mapping[str, int], ref: str, catalog_dir: Path, recipes_dir: Path
+    entry: dict,
+    dims: Mapping[str, int],
+    ref: str,
+    catalog_dir: Path,
+    recipes_dir: Path,
+    made_from: Path | None = None,
 ) -> tuple[Path, Path]:
+    """Write the entry and its recipe, after checking the entry the way `validate` will
+    (`made_from`: the file the entry was read from, named when it is not valid)."""
+    from winml_recipes.catalog import entry_from_text
+
     name = entry["name"]
     catalog_path = catalog_dir / f"{name}.yaml"
     recipe_path = recipes_dir / f"{name}.yaml"
     for path in (catalog_path, recipe_path):
         if path.exists():
             raise RecipeError(f"init: {path} exists; init never overwrites (choose --name)")
+    body = _with_todos(yaml.safe_dump(entry, sort_keys=False), dims)
+    try:
+        entry_from_text(body, catalog_path)
+    except CatalogError as exc:
+        raise RecipeError(
+            f"init: {printable(made_from or ref)} does not give a valid catalog entry "
+            f"({printable(exc.message)[:200]}); nothing written, fix the model's files"
+        ) from None
     schemas = _project_schemas(catalog_dir.parent)
     catalog_text = (
-        f"# yaml-language-server: $schema={_relative(schemas['catalog'], catalog_dir)}\n"
-        + _with_todos(yaml.safe_dump(entry, sort_keys=False), dims)
+        f"# yaml-language-server: $schema={_relative(schemas['catalog'], catalog_dir)}\n" + body
     )
     recipe = {
         "schema_version": 1,
@@ -468,31 +486,44 @@ def _relative(target: Path, start: Path) -> str:
 def _init_export_project(
     model_ref, ref: str, name: str | None, catalog_dir: Path, recipes_dir: Path
 ) -> tuple[Path, Path]:
-    """An entry for a model to export (HF id or local HF dir), read from its config only."""
-    from transformers import AutoConfig
+    """An entry for a model to export (HF id or local HF dir), read from its config only.
 
+    A folder that ships code (`auto_map`, a .py file) is refused before transformers sees
+    it; its config files are read within bounds (`modelfolder`)."""
     from winml_recipes.exporters import auto, sam3_tracker
+    from winml_recipes.modelfolder import check_config_file, check_folder
     from winml_recipes.sources import LocalHfDir
 
     if isinstance(model_ref, LocalHfDir):
-        if not (model_ref.path / "config.json").is_file():
-            raise RecipeError(f"init: {model_ref.path} has no config.json (not an HF model dir)")
+        if not model_ref.path.is_dir():
+            raise RecipeError(f"init: {printable(model_ref.path)} is not a folder")
+        configs = check_folder(model_ref.path)
         config_dir, source = model_ref.path, {"ref": _relative_ref(model_ref.path, catalog_dir)}
+        preprocessor = configs.get("preprocessor_config.json")
     else:
         from winml_recipes.hub import download_file
 
         path, commit = download_file(model_ref.repo_id, "config.json", model_ref.revision)
+        check_config_file(path)
         config_dir, source = path.parent, {"ref": model_ref.repo_id, "revision": commit}
-    config = AutoConfig.from_pretrained(str(config_dir))
-    if config.model_type == "sam3_tracker":
-        family, task, components = (
-            "sam3_tracker",
-            "mask-generation",
-            sam3_tracker.catalog_components(config),
-        )
-    else:
-        family, task = "auto", auto.task_of(config)
-        components = auto.catalog_components(config, task, _preprocessor(model_ref, config_dir))
+        preprocessor = _hub_preprocessor(model_ref)
+    config_path = config_dir / "config.json"
+    config = _auto_config(config_dir)
+    preprocessor_path = config_dir / "preprocessor_config.json"
+    try:
+        if config.model_type == "sam3_tracker":
+            family, task = "sam3_tracker", "mask-generation"
+            components = sam3_tracker.catalog_components(config)
+        else:
+            family, task = "auto", auto.task_of(config)
+            components = auto.catalog_components(
+                config, task, preprocessor, config_path=config_path, source=preprocessor_path
+            )
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+        raise RecipeError(
+            f"init: {printable(config_path)}: its fields do not describe a model's inputs and "
+            f"outputs ({type(exc).__name__}: {printable(exc)[:160]}); fix or regenerate it"
+        ) from None
     default = re.sub(r"[^A-Za-z0-9._-]", "-", Path(ref.rstrip("/")).name) or "model"
     entry = {
         "schema_version": 1,
@@ -504,33 +535,38 @@ def _init_export_project(
         "components": {c: {"source": source, **spec} for c, spec in components.items()},
     }
     dims = {k: v for spec in components.values() for k, v in spec["dims"].items()}
-    return _write_init(entry, dims, ref, catalog_dir, recipes_dir)
+    return _write_init(entry, dims, ref, catalog_dir, recipes_dir, made_from=config_path)
 
 
-def _preprocessor(model_ref, config_dir: Path) -> dict | None:
-    """The model's `preprocessor_config.json` (image size, mean, std), if it has one."""
-    import json
+def _auto_config(config_dir: Path) -> Any:
+    """transformers' config for a folder already checked by `modelfolder` (no code run)."""
+    from transformers import AutoConfig
 
-    from winml_recipes.sources import LocalHfDir
+    from winml_recipes.exporters import quiet_stdout
+    from winml_recipes.modelfolder import TRUST_REMOTE_CODE
 
-    path = config_dir / "preprocessor_config.json"
-    if not isinstance(model_ref, LocalHfDir):
-        from winml_recipes.hub import download_file
-        from winml_recipes.sdk.errors import SourceError
-
-        try:
-            path, _ = download_file(
-                model_ref.repo_id, "preprocessor_config.json", model_ref.revision
-            )
-        except SourceError:
-            return None  # not every model has one
-    if not path.is_file() or path.stat().st_size > 1 << 20:
-        return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RecipeError(f"init: {path} is not valid JSON ({exc})") from None
-    return data if isinstance(data, dict) else None
+        with quiet_stdout():
+            return AutoConfig.from_pretrained(str(config_dir), trust_remote_code=TRUST_REMOTE_CODE)
+    except Exception as exc:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        raise RecipeError(
+            f"init: {printable(config_dir / 'config.json')}: transformers cannot read it "
+            f"({printable(text)[:200]}); use a config of a model transformers ships"
+        ) from None
+
+
+def _hub_preprocessor(model_ref) -> dict | None:
+    """A Hub model's `preprocessor_config.json` (image size, mean, std), if it has one."""
+    from winml_recipes.hub import download_file
+    from winml_recipes.modelfolder import check_config_file
+    from winml_recipes.sdk.errors import SourceError
+
+    try:
+        path, _ = download_file(model_ref.repo_id, "preprocessor_config.json", model_ref.revision)
+    except SourceError:
+        return None  # not every model has one
+    return check_config_file(path)
 
 
 def _relative_ref(path: Path, catalog_dir: Path) -> str:

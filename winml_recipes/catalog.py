@@ -161,6 +161,11 @@ def load_file(path: Path) -> CatalogEntry:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
         raise CatalogError(f"not a UTF-8 text file (byte {exc.start})", where=str(path)) from None
+    return entry_from_text(text, path)
+
+
+def entry_from_text(text: str, path: Path) -> CatalogEntry:
+    """The entry in `text`, checked as if read from `path` (schema, name, dims, images)."""
     loaded = load_yaml(text, str(path), CatalogError)
     if not isinstance(loaded.data, dict):
         raise CatalogError("a catalog entry must be a mapping", where=f"{path}:1")

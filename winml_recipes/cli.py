@@ -1117,9 +1117,18 @@ def cache_verify() -> None:
     """Hash every entry against its record; damaged entries are deleted (a build then
     recomputes them; reads already refuse them)."""
     from winml_recipes.engine.cache import StepCache
+    from winml_recipes.untrusted import printable
 
     done = StepCache().verify()
     click.echo(f"{done['intact']} entries intact, {done['removed']} damaged entries removed")
+    if done["foreign"]:
+        shown = ", ".join(printable(p) for p in done["foreign"][:3])
+        more = f" and {len(done['foreign']) - 3} more" if len(done["foreign"]) > 3 else ""
+        click.echo(
+            f"warning: {len(done['foreign'])} items in the cache folder were not made by the "
+            f"cache ({shown}{more}); left in place, move them out",
+            err=True,
+        )
 
 
 @main.group()

@@ -98,18 +98,29 @@ def read_json_bounded(
     max_depth: int = MAX_JSON_DEPTH,
     expect: type | None = dict,
 ) -> Any:
-    """Read a JSON file from outside: its size is checked before it is read into memory."""
+    """Read a JSON file from outside: its size is checked before it is read into memory.
+
+    Only a regular file (after following links) is opened: a FIFO would block the open and
+    `/dev/zero` would never end; at most `max_bytes + 1` bytes are read whatever stat said.
+    """
+    import stat
+
     try:
-        size = path.stat().st_size
+        info = path.stat()
     except OSError as exc:
         raise UntrustedInputError(f"{printable(path)}: cannot read ({exc.strerror})") from None
-    if size > max_bytes:
+    if not stat.S_ISREG(info.st_mode):
         raise UntrustedInputError(
-            f"{printable(path)}: {size:,} bytes, more than the {max_bytes:,} this tool reads "
-            "from a JSON file; it is not a file a model or dataset needs"
+            f"{printable(path)}: not a regular file (a device, pipe or folder); refused"
+        )
+    if info.st_size > max_bytes:
+        raise UntrustedInputError(
+            f"{printable(path)}: {info.st_size:,} bytes, more than the {max_bytes:,} this tool "
+            "reads from a JSON file; it is not a file a model or dataset needs"
         )
     try:
-        raw = path.read_bytes()[: max_bytes + 1]
+        with path.open("rb") as handle:
+            raw = handle.read(max_bytes + 1)
     except OSError as exc:
         raise UntrustedInputError(f"{printable(path)}: cannot read ({exc.strerror})") from None
     data = loads_bounded(raw, str(path), max_bytes=max_bytes, max_depth=max_depth)

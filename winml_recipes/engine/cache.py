@@ -58,6 +58,26 @@ def default_cache_dir() -> Path:
     return Path(base) / "winml-recipes"
 
 
+def check_output_apart(output_root: Path, cache_root: Path) -> None:
+    """Refuse an output folder inside the step cache, or the cache inside the output folder:
+    builds would write into the cache's store (or replace folders holding it)."""
+    from winml_recipes.sdk.errors import PlanError
+    from winml_recipes.untrusted import printable
+
+    out, root = Path(output_root).resolve(), Path(cache_root).resolve()
+    if out == root or out.is_relative_to(root):
+        raise PlanError(
+            f"-o {printable(output_root)} is inside the step cache {printable(root)}; choose an "
+            f"output folder outside it (or point {CACHE_ENV} elsewhere)"
+        )
+    if root.is_relative_to(out):
+        raise PlanError(
+            f"the step cache {printable(root)} is inside the output folder -o "
+            f"{printable(output_root)}; choose an output folder that does not hold it (or point "
+            f"{CACHE_ENV} elsewhere)"
+        )
+
+
 def cache_key(**parts: Any) -> str:
     payload = canonical_json({**parts, "versions": library_versions()})
     return hashlib.sha256(payload.encode()).hexdigest()
@@ -85,6 +105,11 @@ def _intact(path: Path, result: dict[str, Any]) -> bool:
     digests = result.get("sha256")
     if not isinstance(digests, dict) or set(digests) != set(result.get("files", {})):
         return False
+    try:
+        if set(os.listdir(path)) != {*digests, RESULT_FILE}:
+            return False  # a file the entry never recorded was put there
+    except OSError:
+        return False
     for name, size in result["files"].items():
         file = path / name
         try:
@@ -99,10 +124,18 @@ def _intact(path: Path, result: dict[str, Any]) -> bool:
 
 
 _KEY = re.compile(r"[0-9a-f]{64}")
+_SHARD = re.compile(r"[0-9a-f]{2}")
+# What the cache itself puts at its top level, besides the `??/` shards of entries.
+_OWN_FOLDERS = (LOCKS, WORK, "upstream")
 
 
 def _tree_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def _real_dir(path: Path) -> bool:
+    """A folder, not a link to one (whatever a link points to is not the cache's)."""
+    return path.is_dir() and not path.is_symlink()
 
 
 def _last_use(entry: Path) -> float:
@@ -184,7 +217,30 @@ class StepCache:
     def _entries(self) -> list[Path]:
         if not self.root.is_dir():
             return []
-        return sorted(p for p in self.root.glob("??/*") if p.is_dir() and _KEY.fullmatch(p.name))
+        return sorted(
+            p
+            for p in self.root.glob("??/*")
+            if _KEY.fullmatch(p.name) and _real_dir(p) and _real_dir(p.parent)
+        )
+
+    def foreign(self) -> list[Path]:
+        """Items in the cache folder the cache did not make (its top level and the `??/`
+        shards; links count as foreign): an output folder or files someone put there."""
+        if not self.root.is_dir():
+            return []
+        out = []
+        for item in sorted(self.root.iterdir()):
+            shard = _SHARD.fullmatch(item.name) is not None
+            if not _real_dir(item) or not (shard or item.name in _OWN_FOLDERS):
+                out.append(item)
+            elif shard:
+                out += [
+                    p
+                    for p in sorted(item.iterdir())
+                    if not _real_dir(p)
+                    or not (_KEY.fullmatch(p.name) or p.name.startswith(".tmp-"))
+                ]
+        return out
 
     def _stored_outputs(self) -> list[Path]:
         return sorted((self.root / "upstream").glob("??/*.npz"))
@@ -223,9 +279,11 @@ class StepCache:
             freed += size
         return {"removed": removed, "freed_bytes": freed, "remaining_bytes": total}
 
-    def verify(self) -> dict[str, int]:
-        """Hash every entry's files against its record; damaged entries are deleted."""
+    def verify(self) -> dict[str, Any]:
+        """Hash every entry's files against its record; damaged entries are deleted.
+        `foreign`: items the cache did not make, left in place (they may be someone's)."""
         ok = removed = 0
+        foreign = [str(p) for p in self.foreign()]
         for path in self._entries():
             try:
                 result = json.loads((path / RESULT_FILE).read_text())
@@ -236,7 +294,7 @@ class StepCache:
             else:
                 shutil.rmtree(path, ignore_errors=True)
                 removed += 1
-        return {"intact": ok, "removed": removed}
+        return {"intact": ok, "removed": removed, "foreign": foreign}
 
     def put(self, key: str, files_dir: Path, result: dict[str, Any]) -> CacheEntry | None:
         """Move the files of `files_dir` into a new entry with `result`; returns the entry

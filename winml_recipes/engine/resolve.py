@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from winml_recipes.catalog import CatalogEntry, Component
 from winml_recipes.exporters import families
+from winml_recipes.modelfolder import check_config_file, check_folder
 from winml_recipes.sdk.errors import SourceError
 from winml_recipes.sdk.types import ModelFacts, Source
 from winml_recipes.sources import CatalogName, HfModelId, HubOnnx, LocalHfDir, LocalOnnx, classify
+from winml_recipes.untrusted import UntrustedInputError
 
 
 def canonical_json(value: object) -> str:
@@ -52,6 +55,8 @@ def resolve_source(
         model_id = str(ref.path) if isinstance(ref, LocalHfDir) else ref.repo_id
         if isinstance(ref, LocalHfDir) and not ref.path.is_dir():
             raise SourceError(f"source directory not found: {ref.path}", where=where)
+        if isinstance(ref, LocalHfDir):
+            _checked(lambda: check_folder(ref.path), where)  # before _dir_digest walks it
         revision = None
         if isinstance(ref, HfModelId):
             revision = _hub_commit(ref, where) if fetch else ref.revision
@@ -103,9 +108,19 @@ def _hub_commit(ref: HfModelId, where: str) -> str:
     from winml_recipes.hub import download_file
 
     try:
-        return download_file(ref.repo_id, "config.json", ref.revision)[1]
+        path, commit = download_file(ref.repo_id, "config.json", ref.revision)
     except SourceError as exc:
         raise SourceError(exc.message, where=exc.where or where) from None
+    _checked(lambda: check_config_file(path), where)
+    return commit
+
+
+def _checked(check: Callable[[], object], where: str) -> None:
+    """Run a `modelfolder` check; its one-line error also names the catalog source."""
+    try:
+        check()
+    except UntrustedInputError as exc:
+        raise UntrustedInputError(exc.message, where=where) from None
 
 
 def _family(entry: CatalogEntry, where: str) -> str:

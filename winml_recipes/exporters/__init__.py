@@ -29,6 +29,7 @@ from typing import Any
 
 import onnx
 
+from winml_recipes.modelfolder import TRUST_REMOTE_CODE, check_folder, refuse_auto_map
 from winml_recipes.sdk.errors import InternalError, PlanError, SourceError
 from winml_recipes.sdk.plugins import load_entry_points
 
@@ -160,7 +161,9 @@ def load_pretrained(
             where=where,
         )
     source = os.path.expanduser(model_id) if local else model_id
-    kwargs: dict[str, Any] = {}
+    if local:
+        check_folder(Path(source))  # no code from it; its configs read within bounds
+    kwargs: dict[str, Any] = {"trust_remote_code": TRUST_REMOTE_CODE}
     if revision is not None and not local:
         kwargs["revision"] = revision
     try:
@@ -185,6 +188,7 @@ def build_config(config: Mapping[str, Any], default_model_type: str | None, wher
     from transformers import AutoConfig
 
     fields = dict(config)
+    refuse_auto_map(fields, where)  # the classes it names are code transformers would import
     model_type = fields.pop("model_type", default_model_type)
     if not model_type:
         raise SourceError("config needs a 'model_type' (e.g. 'bert')", where=where)

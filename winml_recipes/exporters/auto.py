@@ -15,10 +15,13 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from winml_recipes.exporters import ExporterFamily
+from winml_recipes.modelfolder import TRUST_REMOTE_CODE
 from winml_recipes.sdk.errors import SourceError
+from winml_recipes.untrusted import printable
 
 if TYPE_CHECKING:
     from winml_recipes.exporters import ExportOutput, ExportRequest
@@ -81,7 +84,9 @@ def load_model(req: ExportRequest) -> Any:
     assert req.config is not None
     config = build_config(req.config, None, where)
     try:
-        return build_random(lambda: auto_cls.from_config(config), req.seed)
+        return build_random(
+            lambda: auto_cls.from_config(config, trust_remote_code=TRUST_REMOTE_CODE), req.seed
+        )
     except ValueError as exc:
         raise SourceError(
             f"model_type '{config.model_type}' has no {auto_cls.__name__} for task "
@@ -183,44 +188,115 @@ def task_of(config: Any) -> str:
 _SUFFIXES = {suffix: name for name, task in TASKS.items() for suffix in task.suffixes}
 
 
-def image_block(preprocessor: Mapping[str, Any] | None, channels: int) -> dict[str, Any] | None:
+# Bounds for numbers read from a model's config files: larger is no input a model takes.
+MAX_SIDE = 8192  # image height / width
+MAX_CHANNELS = 64
+MAX_COUNT = 1 << 24  # vocabulary, labels, hidden size
+# Means and stds are on a 0-1 or 0-255 scale; these keep the normalized range finite (NaN
+# fails every comparison, so it is refused too).
+_MAX_STAT = 1e4
+_MIN_STD = 1e-6
+
+
+def _whole(value: Any, field: str, where: str, maximum: int) -> int:
+    """`value` as a whole number from 1 to `maximum`, else a one-line error naming `field`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+        raise SourceError(
+            f"{field} is {printable(repr(value))[:60]}; expected a whole number from 1 to "
+            f"{maximum:,}",
+            where=where,
+        )
+    return value
+
+
+def _numbers(value: Any, field: str, where: str, channels: int, positive: bool) -> list[float]:
+    """A mean or std: one number or one per channel, finite (and above 0 for `positive`)."""
+    values = [value] if isinstance(value, int | float) and not isinstance(value, bool) else value
+    if not isinstance(values, list) or len(values) not in (1, channels):
+        raise SourceError(
+            f"{field} is {printable(repr(value))[:60]}; expected a list of {channels} numbers",
+            where=where,
+        )
+    out = []
+    for i, v in enumerate(values):
+        ok = isinstance(v, int | float) and not isinstance(v, bool) and abs(v) <= _MAX_STAT
+        if not ok or (positive and v < _MIN_STD):
+            need = (
+                f"a number from {_MIN_STD:g} to {_MAX_STAT:g}"
+                if positive
+                else (f"a number from {-_MAX_STAT:g} to {_MAX_STAT:g}")
+            )
+            raise SourceError(
+                f"{field}[{i}] is {printable(repr(v))[:40]}; expected {need}", where=where
+            )
+        out.append(float(v))
+    return out * channels if len(out) == 1 else out
+
+
+def image_block(
+    preprocessor: Mapping[str, Any] | None,
+    channels: int,
+    source: Path | str = "preprocessor_config.json",
+) -> dict[str, Any] | None:
     """The catalog's `image:` block from an HF `preprocessor_config.json` (size, mean, std).
 
-    Sizes come as {"height", "width"}, {"shortest_edge"} (a square crop of that side) or an
-    int; None when the file says nothing usable.
+    Sizes come as {"height", "width"}, {"shortest_edge"} (a square crop of that side), an int
+    or [height, width]; None when the file gives no size. Every value is checked: a one-line
+    error names `source` and the field (a zero std, a size 'abc', a dict as mean, ...).
     """
     if not preprocessor:
         return None
-    size = preprocessor.get("crop_size") or preprocessor.get("size")
+    where = str(source)
+    key = "crop_size" if preprocessor.get("crop_size") else "size"
+    size = preprocessor.get(key)
     if isinstance(size, Mapping):
         if "height" in size and "width" in size:
-            hw: list[int] | int = [int(size["height"]), int(size["width"])]
+            hw: list[int] | int = [
+                _whole(size["height"], f"{key}.height", where, MAX_SIDE),
+                _whole(size["width"], f"{key}.width", where, MAX_SIDE),
+            ]
         elif "shortest_edge" in size:
-            hw = int(size["shortest_edge"])
+            hw = _whole(size["shortest_edge"], f"{key}.shortest_edge", where, MAX_SIDE)
         else:
             return None
-    elif isinstance(size, int):
-        hw = size
-    else:
+    elif isinstance(size, list) and len(size) == 2:
+        hw = [_whole(v, f"{key}[{i}]", where, MAX_SIDE) for i, v in enumerate(size)]
+    elif size is None:
         return None
-    mean = [float(v) for v in preprocessor.get("image_mean", [0.0] * channels)]
-    std = [float(v) for v in preprocessor.get("image_std", [1.0] * channels)]
+    else:
+        hw = _whole(size, key, where, MAX_SIDE)
+    mean = _numbers(preprocessor.get("image_mean", 0.0), "image_mean", where, channels, False)
+    std = _numbers(preprocessor.get("image_std", 1.0), "image_std", where, channels, True)
     return {"size": hw, "mean": mean, "std": std, "layout": "NCHW"}
 
 
 def catalog_components(
-    config: Any, task: str, preprocessor: Mapping[str, Any] | None = None
+    config: Any,
+    task: str,
+    preprocessor: Mapping[str, Any] | None = None,
+    *,
+    config_path: Path | str = "config.json",
+    source: Path | str = "preprocessor_config.json",
 ) -> dict[str, dict[str, Any]]:
     """The `model` component's I/O contract for a config (and the image preprocessing of
-    its `preprocessor_config.json`, when given), without weights."""
+    its `preprocessor_config.json`, when given), without weights. Numbers from the config
+    are checked (a negative channel count is an error naming `config_path`)."""
+    where = str(config_path)
+
+    def field(name: str, default: Any, maximum: int = MAX_COUNT) -> int:
+        return _whole(getattr(config, name, default), name, where, maximum)
+
     if TASKS[task].modality == "image":
-        channels = int(getattr(config, "num_channels", 3))
+        channels = field("num_channels", 3, MAX_CHANNELS)
         pixel: dict[str, Any] = {"dtype": "float32", "range": [-1.0, 1.0]}
-        image = image_block(preprocessor, channels)
+        image = image_block(preprocessor, channels, source)
         # The graph is traced at the config's image_size (ViT position embeddings are
         # sized by it); the processor's size is used when the config has none.
         size = getattr(config, "image_size", None) or (image or {}).get("size") or 224
-        h, w = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+        if isinstance(size, list | tuple) and len(size) == 2:
+            h, w = (_whole(v, f"image_size[{i}]", where, MAX_SIDE) for i, v in enumerate(size))
+        else:
+            h = w = _whole(size, "image_size", where, MAX_SIDE)
         if image is not None:
             image["size"] = size if isinstance(size, int) else [h, w]
             lows = [(0.0 - m) / s for m, s in zip(image["mean"], image["std"], strict=False)]
@@ -233,29 +309,23 @@ def catalog_components(
                 "dims": {"batch": 1},
                 "inputs": {"pixel_values": {**pixel, "shape": ["batch", channels, h, w]}},
                 "outputs": {
-                    "logits": {"dtype": "float32", "shape": ["batch", int(config.num_labels)]}
+                    "logits": {"dtype": "float32", "shape": ["batch", field("num_labels", 2)]}
                 },
             }
         }
+    vocab_range = field("vocab_size", 100)
     inputs: dict[str, Any] = {
-        "input_ids": {
-            "dtype": "int64",
-            "shape": ["batch", "sequence"],
-            "range": [0, int(getattr(config, "vocab_size", 100))],
-        },
+        "input_ids": {"dtype": "int64", "shape": ["batch", "sequence"], "range": [0, vocab_range]},
         "attention_mask": {"dtype": "int64", "shape": ["batch", "sequence"], "values": [1]},
     }
     if getattr(config, "type_vocab_size", 0):
         inputs["token_type_ids"] = {"dtype": "int64", "shape": ["batch", "sequence"], "values": [0]}
-    hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "d_model", 0))
-    labels = int(getattr(config, "num_labels", 2))
-    vocab = int(getattr(config, "vocab_size", 0))
     shapes = {
-        "feature-extraction": ["batch", "sequence", hidden],
-        "text-classification": ["batch", labels],
-        "token-classification": ["batch", "sequence", labels],
-        "fill-mask": ["batch", "sequence", vocab],
-        "text-generation": ["batch", "sequence", vocab],
+        "feature-extraction": lambda: ["batch", "sequence", _hidden(config, where)],
+        "text-classification": lambda: ["batch", field("num_labels", 2)],
+        "token-classification": lambda: ["batch", "sequence", field("num_labels", 2)],
+        "fill-mask": lambda: ["batch", "sequence", field("vocab_size", 0)],
+        "text-generation": lambda: ["batch", "sequence", field("vocab_size", 0)],
     }
     (output,) = TASKS[task].outputs
     return {
@@ -263,9 +333,14 @@ def catalog_components(
             "task": task,
             "dims": {"batch": 1, "sequence": 16},
             "inputs": inputs,
-            "outputs": {output: {"dtype": "float32", "shape": shapes[task]}},
+            "outputs": {output: {"dtype": "float32", "shape": shapes[task]()}},
         }
     }
+
+
+def _hidden(config: Any, where: str) -> int:
+    name = "hidden_size" if getattr(config, "hidden_size", 0) else "d_model"
+    return _whole(getattr(config, name, 0), name, where, MAX_COUNT)
 
 
 # Every catalog component of an auto entry is the one exported model.
