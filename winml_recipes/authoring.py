@@ -549,10 +549,10 @@ def _auto_config(config_dir: Path) -> Any:
         with quiet_stdout():
             return AutoConfig.from_pretrained(str(config_dir), trust_remote_code=TRUST_REMOTE_CODE)
     except Exception as exc:
-        text = " ".join(str(exc).split()) or type(exc).__name__
+        text = " ".join(str(exc).split()).split(" Errors: ")[0] or type(exc).__name__
         raise RecipeError(
             f"init: {printable(config_dir / 'config.json')}: transformers cannot read it "
-            f"({printable(text)[:200]}); use a config of a model transformers ships"
+            f"({printable(text)[:300]}); use a config of a model transformers ships"
         ) from None
 
 

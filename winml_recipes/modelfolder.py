@@ -60,7 +60,7 @@ def check_folder(folder: Path) -> dict[str, dict[str, Any]]:
     most `MAX_ENTRIES` entries.
     """
     config = folder / "config.json"
-    if not config.is_file():
+    if not os.path.lexists(config):
         raise UntrustedInputError(
             f"{printable(folder)}: has no config.json; not a Hugging Face model folder"
         )

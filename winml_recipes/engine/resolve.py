@@ -9,7 +9,7 @@ from pathlib import Path
 
 from winml_recipes.catalog import CatalogEntry, Component
 from winml_recipes.exporters import families
-from winml_recipes.modelfolder import check_config_file, check_folder
+from winml_recipes.modelfolder import check_config_file, check_folder, refuse_auto_map
 from winml_recipes.sdk.errors import SourceError
 from winml_recipes.sdk.types import ModelFacts, Source
 from winml_recipes.sources import CatalogName, HfModelId, HubOnnx, LocalHfDir, LocalOnnx, classify
@@ -33,6 +33,7 @@ def resolve_source(
         f"sources.{picked}" if picked else "source"
     )
     if "config" in spec:
+        _checked(lambda: refuse_auto_map(spec["config"], "config"), where)
         family = _family(entry, where)
         export = {
             "family": family,
