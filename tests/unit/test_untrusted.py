@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from winml_recipes.untrusted import (
@@ -35,4 +37,12 @@ def test_wrong_top_level_type_is_named(tmp_path):
     path = tmp_path / "dataset_info.json"
     path.write_text("[1, 2]")
     with pytest.raises(UntrustedInputError, match="expected a JSON object, found array"):
+        read_json_bounded(path)
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero (Linux CI)")
+def test_a_link_to_an_endless_device_is_refused_before_opening(tmp_path):
+    path = tmp_path / "config.json"
+    path.symlink_to("/dev/zero")
+    with pytest.raises(UntrustedInputError, match="not a regular file"):
         read_json_bounded(path)

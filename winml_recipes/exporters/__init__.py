@@ -32,6 +32,7 @@ import onnx
 from winml_recipes.modelfolder import TRUST_REMOTE_CODE, check_folder, refuse_auto_map
 from winml_recipes.sdk.errors import InternalError, PlanError, SourceError
 from winml_recipes.sdk.plugins import load_entry_points
+from winml_recipes.untrusted import UntrustedInputError
 
 __all__ = [
     "ExportOutput",
@@ -162,7 +163,10 @@ def load_pretrained(
         )
     source = os.path.expanduser(model_id) if local else model_id
     if local:
-        check_folder(Path(source))  # no code from it; its configs read within bounds
+        try:
+            check_folder(Path(source))  # no code from it; its configs read within bounds
+        except UntrustedInputError as exc:
+            raise SourceError(f"cannot load '{model_id}': {exc.message}", where=where) from None
     kwargs: dict[str, Any] = {"trust_remote_code": TRUST_REMOTE_CODE}
     if revision is not None and not local:
         kwargs["revision"] = revision
