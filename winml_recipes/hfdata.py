@@ -121,14 +121,14 @@ def _data_files(folder: Path, state: Path, what: str) -> tuple[Path, ...]:
         raise PlanError(f'{where} is {_kind(listed)}, not a list of {{"filename": ...}}')
     if not listed:
         raise PlanError(f"{what}: {printable(state)} lists no data files")
-    if len(listed) > MAX_DATA_FILES:
-        raise PlanError(
-            f"{where} lists {len(listed):,} files, more than the {MAX_DATA_FILES:,} this tool "
-            "reads; save the split with larger shards"
-        )
     arrows: list[Path] = []
     seen: dict[tuple[int, int], str] = {}
     for i, entry in enumerate(listed):
+        if i == MAX_DATA_FILES:  # after the duplicate check of the first ones
+            raise PlanError(
+                f"{where} lists {len(listed):,} files, more than the {MAX_DATA_FILES:,} this "
+                "tool reads; save the split with larger shards"
+            )
         name = entry.get("filename") if isinstance(entry, dict) else None
         if not isinstance(name, str):
             raise PlanError(f'{where}[{i}] is {_kind(entry)}, not {{"filename": NAME}}')
@@ -202,7 +202,13 @@ def _batches(split: SavedSplit, what: str) -> Iterator[tuple[Path, int, Any]]:
         try:
             with pa.memory_map(str(path)) as source:
                 for index, batch in enumerate(pa.ipc.open_stream(source)):
-                    batch.validate()
+                    try:
+                        batch.validate()
+                    except pa.ArrowException as exc:
+                        raise PlanError(
+                            f"{what}: {printable(path)} record batch {index} is corrupt "
+                            f"({_arrow_error(exc)}); write the split again with save_to_disk"
+                        ) from None
                     yield path, index, batch
         except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
             raise PlanError(f"{what}: cannot read {printable(path)}: {_arrow_error(exc)}") from None
