@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -28,13 +28,9 @@ def preprocess_image(
 
     `path` is an image file or its bytes (a `datasets` Image column; the caller bounds
     them); `name` says which in errors (default: the path)."""
-    from winml_recipes.datafiles import require_regular_file, require_size_at_most
-
     assert spec.image is not None
     label = printable(name if name is not None else path)
-    if isinstance(path, Path):
-        require_regular_file(path, "image")
-        require_size_at_most(path, MAX_IMAGE_BYTES, "image", "use a smaller image")
+    _check_file(path)
     rgb = _decoded(path, (spec.image.size[1], spec.image.size[0]), label)
     pre = spec.image
     x = np.asarray(rgb, dtype=np.float32) / 255.0
@@ -44,8 +40,22 @@ def preprocess_image(
     return x[None].astype(np.dtype(spec.dtype))
 
 
-def _decoded(source: Path | BinaryIO, size_wh: tuple[int, int], label: str):
-    """The image as RGB at `size_wh`, or one line naming `label` when it cannot be."""
+def load_rgb(path: Path) -> Any:
+    """The image file as a PIL RGB image at its own size, within the same limits."""
+    _check_file(path)
+    return _decoded(path, None, printable(path))
+
+
+def _check_file(path: Path | BinaryIO) -> None:
+    from winml_recipes.datafiles import require_regular_file, require_size_at_most
+
+    if isinstance(path, Path):
+        require_regular_file(path, "image")
+        require_size_at_most(path, MAX_IMAGE_BYTES, "image", "use a smaller image")
+
+
+def _decoded(source: Path | BinaryIO, size_wh: tuple[int, int] | None, label: str) -> Any:
+    """The image as RGB (at `size_wh`, if given), or one line naming `label`."""
     from PIL import Image
 
     try:
@@ -54,7 +64,8 @@ def _decoded(source: Path | BinaryIO, size_wh: tuple[int, int], label: str):
             # from the header, before a pixel is decoded.
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(source) as img:
-                return img.convert("RGB").resize(size_wh, Image.Resampling.BILINEAR)
+                rgb = img.convert("RGB")
+                return rgb if size_wh is None else rgb.resize(size_wh, Image.Resampling.BILINEAR)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise UntrustedInputError(
             f"{label}: declares more than {Image.MAX_IMAGE_PIXELS:,} pixels (PIL's "
