@@ -19,12 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from winml_recipes.datafiles import require_regular_file
-from winml_recipes.images import preprocess_image
+from winml_recipes.datafiles import (
+    regular_file_inside,
+    require_regular_file,
+    require_size_at_most,
+)
+from winml_recipes.images import MAX_IMAGE_BYTES, preprocess_image
 from winml_recipes.prompts import PROMPT_PLAN
 from winml_recipes.sdk.contract import IOContract, TensorSpec, resolve_shape
 from winml_recipes.sdk.errors import PassError, PlanError
 from winml_recipes.sdk.types import DataRead, UpstreamComponent
+from winml_recipes.untrusted import printable
 
 Feed = dict[str, np.ndarray]
 FeedFactory = Callable[[], Iterator[Feed]]
@@ -236,9 +241,11 @@ def image_files(folder: str, base: Path) -> list[Path]:
         raise PlanError(f"calibration.images: folder not found: {path}")
     files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
-        raise PlanError(f"calibration.images: no image files in {path}")
+        raise PlanError(f"calibration.images: no image files in {printable(path)}")
     for file in files:
-        require_regular_file(file, "calibration.images")
+        # a link out of the folder (`a.png -> /proc/self/environ`) is refused unopened
+        regular_file_inside(path, file.name, "calibration.images")
+        require_size_at_most(file, MAX_IMAGE_BYTES, "calibration.images", "use smaller images")
     return files
 
 
@@ -259,6 +266,8 @@ def from_images(
 
     def gen() -> Iterator[Feed]:
         for path, extra in zip(files[skip : skip + samples], rest(), strict=False):
+            # checked again when read: the folder may have changed since it was listed
+            regular_file_inside(path.parent, path.name, "calibration.images")
             yield {target.name: preprocess_image(path, target), **extra}
 
     return gen

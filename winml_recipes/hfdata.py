@@ -6,12 +6,17 @@ files, in order) and `data-*.arrow` files (Arrow IPC streams); a `DatasetDict` f
 used: it brings pandas, dill, multiprocess and xxhash (~270 MB installed with pyarrow) to
 read what pyarrow reads alone, and nothing here may download or run code (no loading
 scripts). pyarrow is the `datasets` extra: `pip install 'winml-recipes[datasets]'`.
+
+A split is data from outside: its JSON files are read bounded (untrusted.py) and checked field
+by field, each Arrow file is listed once and bounded in size, every record batch is checked
+by pyarrow (`validate()`) when read and fully (`validate(full=True)`: offsets, UTF-8) before
+its cells are used, so lying offsets are an error, never a read out of bounds.
 """
 
 from __future__ import annotations
 
 import io
-import json
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,14 +25,20 @@ from typing import Any
 
 import numpy as np
 
-from winml_recipes.datafiles import regular_file_inside
+from winml_recipes.datafiles import regular_file_inside, require_size_at_most
+from winml_recipes.images import MAX_IMAGE_BYTES
 from winml_recipes.sdk.contract import IOContract, TensorSpec, resolve_shape
 from winml_recipes.sdk.errors import PlanError
+from winml_recipes.untrusted import UntrustedInputError, printable, read_json_bounded
 
 WHAT = "calibration.dataset"
 MARKERS = ("dataset_info.json", "dataset_dict.json")
 _SPLIT = re.compile(r"^[A-Za-z0-9_.-]+$")
 _DATA_FILE = re.compile(r"^[A-Za-z0-9_.-]+\.arrow$")
+# save_to_disk writes 500 MB shards by default; a larger one was written by hand or lies.
+MAX_ARROW_FILE_BYTES = 4 << 30
+# 10,000 default shards are 5 TB: far more than calibration or verification reads.
+MAX_DATA_FILES = 10_000
 
 
 @dataclass(frozen=True)
@@ -77,9 +88,9 @@ def open_split(spec: str, base: Path, what: str = WHAT) -> SavedSplit:
     if (folder / "dataset_dict.json").is_file():
         index = regular_file_inside(folder, "dataset_dict.json", what)
         listed = _json(index, what).get("splits")
-        if not isinstance(listed, list):
-            raise PlanError(f"{what}: {index} has no list of splits")
-        splits = [str(s) for s in listed]
+        if not isinstance(listed, list) or not all(isinstance(s, str) for s in listed):
+            raise PlanError(f"{what}: {printable(index)}: 'splits' is not a list of names")
+        splits = [printable(s) for s in listed]
         metadata.append(index)
         if split is None or split not in splits:
             given = "no split was given" if split is None else f"it has no split '{split}'"
@@ -96,26 +107,79 @@ def open_split(spec: str, base: Path, what: str = WHAT) -> SavedSplit:
         raise PlanError(f"{what}: {folder} is a single split; remove ':{split}'")
     info = regular_file_inside(folder, "dataset_info.json", what)
     state = regular_file_inside(folder, "state.json", what)
-    names = [str(f.get("filename", "")) for f in _json(state, what).get("_data_files", [])]
-    if not names:
-        raise PlanError(f"{what}: {state} lists no data files")
-    arrows = []
-    for name in names:
+    arrows = _data_files(folder, state, what)
+    features = _features(info, what)
+    return SavedSplit(spec, folder, (*metadata, info, state), arrows, features)
+
+
+def _data_files(folder: Path, state: Path, what: str) -> tuple[Path, ...]:
+    """The Arrow files `state.json` lists: plain names, each a file inside `folder`, each
+    listed once (a file listed 20,000 times would be read 20,000 times), bounded in size."""
+    listed = _json(state, what).get("_data_files")
+    where = f"{what}: {printable(state)}: '_data_files'"
+    if not isinstance(listed, list):
+        raise PlanError(f'{where} is {_kind(listed)}, not a list of {{"filename": ...}}')
+    if not listed:
+        raise PlanError(f"{what}: {printable(state)} lists no data files")
+    arrows: list[Path] = []
+    seen: dict[tuple[int, int], str] = {}
+    for i, entry in enumerate(listed):
+        if i == MAX_DATA_FILES:  # after the duplicate check of the first ones
+            raise PlanError(
+                f"{where} lists {len(listed):,} files, more than the {MAX_DATA_FILES:,} this "
+                "tool reads; save the split with larger shards"
+            )
+        name = entry.get("filename") if isinstance(entry, dict) else None
+        if not isinstance(name, str):
+            raise PlanError(f'{where}[{i}] is {_kind(entry)}, not {{"filename": NAME}}')
         if not _DATA_FILE.match(name):
-            raise PlanError(f"{what}: {state} lists '{name}', not a plain .arrow file name")
-        arrows.append(regular_file_inside(folder, name, what))
-    features = _json(info, what).get("features") or {}
-    return SavedSplit(spec, folder, (*metadata, info, state), tuple(arrows), features)
+            raise PlanError(
+                f"{what}: {printable(state)} lists '{printable(name)}', not a plain .arrow "
+                "file name"
+            )
+        path = regular_file_inside(folder, name, what)
+        require_size_at_most(
+            path, MAX_ARROW_FILE_BYTES, what, "save the split with smaller shards (max_shard_size)"
+        )
+        st = os.stat(path)  # (device, inode): the same file under two names is a duplicate too
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            raise PlanError(
+                f"{where}[{i}] lists {name}, the file already listed as {seen[key]}; "
+                "each data file may be listed once"
+            )
+        seen[key] = name
+        arrows.append(path)
+    return tuple(arrows)
+
+
+def _features(info: Path, what: str) -> dict[str, Any]:
+    """`dataset_info.json`'s features: an object of column name -> feature (object or list)."""
+    features = _json(info, what).get("features")
+    if features is None:
+        return {}
+    where = f"{what}: {printable(info)}: 'features'"
+    if not isinstance(features, dict):
+        raise PlanError(f"{where} is {_kind(features)}, not an object of column features")
+    for name, feature in features.items():
+        if not isinstance(feature, (dict, list)):
+            raise PlanError(f"{where}.{printable(name)} is {_kind(feature)}, not a feature object")
+    return features
 
 
 def _json(path: Path, what: str) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise PlanError(f"{what}: cannot read {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise PlanError(f"{what}: {path} is not a JSON object")
-    return data
+        return read_json_bounded(path, expect=dict)
+    except UntrustedInputError as exc:
+        raise PlanError(f"{what}: {exc}") from None
+
+
+def _kind(value: Any) -> str:
+    """What a JSON value is, for errors (`a list`, `a string`, `null`)."""
+    if value is None:
+        return "null"
+    kind = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    return kind.get(type(value), "a number")
 
 
 def _pyarrow(what: str):
@@ -130,14 +194,44 @@ def _pyarrow(what: str):
     return pa
 
 
-def _batches(split: SavedSplit, what: str) -> Iterator[Any]:
+def _batches(split: SavedSplit, what: str) -> Iterator[tuple[Path, int, Any]]:
+    """(file, index in the file, record batch) for every batch, in order; each batch's
+    structure (buffer sizes against its lengths) checked by pyarrow before it is returned."""
     pa = _pyarrow(what)
     for path in split.arrow_files:
         try:
             with pa.memory_map(str(path)) as source:
-                yield from pa.ipc.open_stream(source)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise PlanError(f"{what}: cannot read {path}: {exc}") from None
+                for index, batch in enumerate(pa.ipc.open_stream(source)):
+                    try:
+                        batch.validate()
+                    except pa.ArrowException as exc:
+                        raise PlanError(
+                            f"{what}: {printable(path)} record batch {index} is corrupt "
+                            f"({_arrow_error(exc)}); write the split again with save_to_disk"
+                        ) from None
+                    yield path, index, batch
+        except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
+            raise PlanError(f"{what}: cannot read {printable(path)}: {_arrow_error(exc)}") from None
+
+
+def _checked(batch: Any, names: list[str], path: Path, index: int, what: str) -> Any:
+    """The columns `names` of `batch`, each validated in full (offsets within their buffers,
+    list offsets within the child array, UTF-8) before any cell is read."""
+    pa = _pyarrow(what)
+    for name in names:
+        try:
+            batch.column(name).validate(full=True)
+        except pa.ArrowException as exc:
+            raise PlanError(
+                f"{what}: {printable(path)} record batch {index} column '{printable(name)}' is "
+                f"corrupt ({_arrow_error(exc)}); write the split again with save_to_disk"
+            ) from None
+    return batch
+
+
+def _arrow_error(exc: Exception) -> str:
+    """pyarrow's message on one line, bounded (it may quote file content)."""
+    return printable(" ".join(str(exc).split()))[:300]
 
 
 def columns(split: SavedSplit, what: str = WHAT) -> list[str]:
@@ -146,8 +240,8 @@ def columns(split: SavedSplit, what: str = WHAT) -> list[str]:
     try:
         with pa.memory_map(str(path)) as source:
             return list(pa.ipc.open_stream(source).schema.names)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise PlanError(f"{what}: cannot read {path}: {exc}") from None
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
+        raise PlanError(f"{what}: cannot read {printable(path)}: {_arrow_error(exc)}") from None
 
 
 def check_split(split: SavedSplit, contract: IOContract, what: str = WHAT) -> int:
@@ -156,10 +250,10 @@ def check_split(split: SavedSplit, contract: IOContract, what: str = WHAT) -> in
     for spec in contract.inputs:
         if spec.name not in have:
             raise PlanError(
-                f"{what}: {split.spec} has no column '{spec.name}' for the model input of that "
-                f"name; its columns: {', '.join(have) or 'none'}"
+                f"{what}: {printable(split.spec)} has no column '{spec.name}' for the model "
+                f"input of that name; its columns: {printable(', '.join(have)) or 'none'}"
             )
-    return sum(batch.num_rows for batch in _batches(split, what))
+    return sum(batch.num_rows for _, _, batch in _batches(split, what))
 
 
 def samples(
@@ -169,11 +263,15 @@ def samples(
     shape (batch axis included); image columns preprocessed as the contract's input says."""
     index = 0
     produced = 0
-    for batch in _batches(split, what):
+    names = [s.name for s in contract.inputs]
+    for path, number, batch in _batches(split, what):
         if index + batch.num_rows <= skip:
             index += batch.num_rows
             continue
-        cols = {s.name: batch.column(s.name) for s in contract.inputs}
+        if produced >= count:
+            return
+        part = _checked(batch, names, path, number, what)
+        cols = {name: part.column(name) for name in names}
         for row in range(batch.num_rows):
             if index >= skip:
                 if produced >= count:
@@ -193,12 +291,13 @@ def _value(
     copy, so a row of another size (or a huge one) is refused without materializing it."""
     import pyarrow as pa
 
-    where = f"{what}: {split.spec} row {row} column '{spec.name}'"
+    where = f"{what}: {printable(split.spec)} row {row} column '{spec.name}'"
     if not scalar.is_valid:
         raise PlanError(f"{where} is empty (null)")
-    feature = split.features.get(spec.name) or {}
-    if feature.get("_type") == "Image" or pa.types.is_struct(scalar.type):
-        return _image(scalar.as_py(), spec, where)
+    feature = split.features.get(spec.name)
+    is_image = isinstance(feature, dict) and feature.get("_type") == "Image"
+    if is_image or pa.types.is_struct(scalar.type):
+        return _image(scalar, spec, where)
     values = scalar.values if _is_list(scalar.type) else pa.array([scalar.as_py()], scalar.type)
     while _is_list(values.type):
         values = values.flatten()
@@ -228,16 +327,30 @@ def _is_list(kind: Any) -> bool:
     )
 
 
-def _image(value: Any, spec: TensorSpec, where: str) -> np.ndarray:
-    """An `Image` cell ({bytes, path}) through the catalog input's image preprocessing."""
+def _image(scalar: Any, spec: TensorSpec, where: str) -> np.ndarray:
+    """An `Image` cell ({bytes, path}) through the catalog input's image preprocessing; its
+    byte count is read from the (validated) offsets and bounded before anything is copied."""
+    import pyarrow as pa
+
     if spec.image is None:
         raise PlanError(
             f"{where} holds images but the catalog input '{spec.name}' has no 'image' "
             "preprocessing block"
         )
-    data = value.get("bytes") if isinstance(value, dict) else None
-    if not data:
+    kind = scalar.type
+    if not pa.types.is_struct(kind) or kind.get_field_index("bytes") < 0:
+        raise PlanError(f"{where} is {kind}, not an Image column ({{bytes, path}})")
+    cell = scalar["bytes"]
+    if not (pa.types.is_binary(cell.type) or pa.types.is_large_binary(cell.type)):
+        raise PlanError(f"{where}: the image bytes are {cell.type}, not binary")
+    if not cell.is_valid or cell.as_buffer().size == 0:
         raise PlanError(f"{where}: the image is stored by path only; save it with its bytes")
+    size = cell.as_buffer().size
+    if size > MAX_IMAGE_BYTES:
+        raise PlanError(
+            f"{where}: an image of {size:,} bytes, more than the {MAX_IMAGE_BYTES:,} this tool "
+            "decodes; store smaller images"
+        )
     from winml_recipes.images import preprocess_image
 
-    return preprocess_image(io.BytesIO(data), spec)
+    return preprocess_image(io.BytesIO(cell.as_buffer().to_pybytes()), spec, where)

@@ -247,10 +247,9 @@ def draw_run(
     out: Path,
 ) -> Path | None:
     """The run's picture for the build's task (None: no picture for this kind of output)."""
-    from PIL import Image
+    from winml_recipes.images import load_rgb
 
-    with Image.open(photo_path) as img:
-        photo = img.convert("RGB")
+    photo = load_rgb(photo_path)
     component = _mask_component(build)
     if component is not None:
         return draw_masks(build, photo, about, ref, target, summary, component, out)

@@ -59,9 +59,7 @@ def prepare_inputs(
     npz: Path | None,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The pipeline's inputs and what they were (for the summary and the picture)."""
-    from PIL import Image
-
-    from winml_recipes.images import preprocess_image
+    from winml_recipes.images import load_rgb, preprocess_image
 
     inputs = _npz_inputs(npz, build) if npz else {}
     about: dict[str, Any] = {"notes": []}
@@ -80,8 +78,7 @@ def prepare_inputs(
     elif image is not None:
         raise RecipeError(f"--image: {build.label} has no image input (pass --npz)")
     if image is not None:
-        with Image.open(image) as img:
-            image_wh = img.size
+        image_wh = load_rgb(Path(image)).size
         about["image"] = str(image)
         about["image_size"] = list(image_wh)
     prompted = [c for c in build.components if takes_prompts([s.name for s in c.contract.inputs])]
