@@ -572,7 +572,7 @@ def _list_files(repo_id: str, rev: str, s: _Settings) -> tuple[str | None, dict[
     if commit is not None and not is_commit(commit):
         raise UntrustedInputError(
             f"{repo_id}@{rev}: the Hub server's model info has sha "
-            f"{printable(commit)[:60]!r}, not a 40-hex commit sha; refusing it"
+            f"'{printable(commit)[:60]}', not a 40-hex commit sha; refusing it"
         )
     sizes: dict[str, int] = {}
     try:
@@ -584,7 +584,7 @@ def _list_files(repo_id: str, rev: str, s: _Settings) -> tuple[str | None, dict[
             if problem is not None or not isinstance(e.size, int) or e.path in sizes:
                 why = "is listed twice" if e.path in sizes else (problem or "has no byte size")
                 raise UntrustedInputError(
-                    f"{repo_id}@{rev}: file listing entry {printable(e.path)[:80]!r} {why}; "
+                    f"{repo_id}@{rev}: file listing entry '{printable(e.path)[:80]}' {why}; "
                     "refusing the listing"
                 )
             sizes[e.path] = e.size

@@ -39,6 +39,7 @@ from typing import Any
 
 import httpx2
 
+from winml_recipes.sdk.errors import SourceError
 from winml_recipes.untrusted import MAX_JSON_BYTES, UntrustedInputError, loads_bounded, printable
 
 TIMEOUT_ENV = "WINML_HUB_TIMEOUT"
@@ -101,7 +102,7 @@ def _timeout_from_env() -> float | None:
     except ValueError:
         value = -1.0
     if not value > 0:
-        raise UntrustedInputError(f"{TIMEOUT_ENV}={printable(raw)}: expected a number of seconds")
+        raise SourceError(f"{TIMEOUT_ENV}={printable(raw)}: expected a number of seconds")
     return value
 
 
@@ -162,7 +163,7 @@ def _on_response(response: Any) -> None:
     if current is not None:
         current.check_time()
     headers = response.headers
-    _check_headers(headers, response.request.method, label)
+    _check_headers(response, label)
     # hf_xet would fetch the bytes with its own HTTP stack, past every check here; without
     # this header huggingface_hub downloads through this client (the Hub serves both).
     headers.pop("X-Xet-Hash", None)
@@ -173,42 +174,58 @@ def _on_response(response: Any) -> None:
     announces = ok or (response.is_redirect and "X-Linked-Size" in headers)
     if method == "HEAD" and announces and current is not None and current.kind == "download":
         current.expected_size = _announced_size(headers, response.is_redirect, label)
-    if method == "GET" and ok and is_file and current is not None:
-        limit = current.expected_size if current.expected_size is not None else MAX_FILE_BYTES
-    elif method == "GET" and ok and is_file:
-        limit = MAX_FILE_BYTES
+    file_body = method == "GET" and ok and is_file
+    if file_body and current is not None and current.expected_size is not None:
+        limit = current.expected_size
     else:
-        limit = MAX_JSON_BYTES
+        limit = MAX_FILE_BYTES if file_body else MAX_JSON_BYTES
     tree = method == "GET" and ok and bool(_TREE_URL.search(path))
-    response.stream = _Bounded(response.stream, limit, label, current, tree)
+    response.stream = _Bounded(response.stream, limit, label, current, tree, file_body)
 
 
 def _url_label(url: Any) -> str:
     return f"{url.scheme}://{url.host}{url.path}"
 
 
-def _check_headers(headers: Any, method: str, label: str) -> None:
+def _check_headers(response: Any, label: str) -> None:
+    """The headers huggingface_hub builds paths or sizes from, read as it reads them
+    (`headers.get`: repeated headers are joined, so they fail the check)."""
+    headers = response.headers
+
     def bad(name: str, value: str, expected: str) -> UntrustedInputError:
         return UntrustedInputError(
-            f"{printable(label)}: the Hub server sent {name}: {printable(value)[:120]!r}, "
+            f"{printable(label)}: the Hub server sent {name}: '{printable(value)[:120]}', "
             f"not {expected}; refusing to use it"
         )
 
-    for value in headers.get_list("X-Repo-Commit"):
-        if not _COMMIT.fullmatch(value):
-            raise bad("X-Repo-Commit", value, "a 40-hex commit sha")
+    commit = headers.get("X-Repo-Commit")
+    if commit is not None and not _COMMIT.fullmatch(commit):
+        raise bad("X-Repo-Commit", commit, "a 40-hex commit sha")
     for name in ("Content-Length", "X-Linked-Size"):
-        for value in headers.get_list(name):
-            if not _DECIMAL.fullmatch(value.strip()):
-                raise bad(name, value, "a byte count")
-    for value in headers.get_list("Content-Range"):
-        if not _CONTENT_RANGE.fullmatch(value.strip()):
-            raise bad("Content-Range", value, "a byte range")
-    if method == "HEAD":  # where huggingface_hub takes the blob name from
-        for name in ("ETag", "X-Linked-Etag"):
-            for value in headers.get_list(name):
-                if not _ETAG.fullmatch(value.strip()):
-                    raise bad(name, value, "a hex digest")
+        value = headers.get(name)
+        if value is not None and not _DECIMAL.fullmatch(value):
+            raise bad(name, value, "a byte count")
+    value = headers.get("Content-Range")
+    if value is not None and not _CONTENT_RANGE.fullmatch(value):
+        raise bad("Content-Range", value, "a byte range")
+    if response.request.method == "HEAD" and not _followed_redirect(response):
+        # huggingface_hub names the blob after X-Linked-Etag, or ETag without it.
+        name = "X-Linked-Etag" if headers.get("X-Linked-Etag") else "ETag"
+        value = headers.get(name)
+        if value is not None and not _ETAG.fullmatch(value):
+            raise bad(name, value, "a hex digest")
+
+
+def _followed_redirect(response: Any) -> bool:
+    """A redirect to the same origin: huggingface_hub follows it and ignores its headers."""
+    if not response.is_redirect:
+        return False
+    try:
+        target = response.request.url.join(response.headers["Location"])
+    except (KeyError, httpx2.InvalidURL):
+        return False
+    url = response.request.url
+    return (target.scheme, target.host, target.port) == (url.scheme, url.host, url.port)
 
 
 def _announced_size(headers: Any, redirect: bool, label: str) -> int:
@@ -233,9 +250,16 @@ class _Bounded(httpx2.SyncByteStream):
     listing page is also checked (and counted) once it is complete."""
 
     def __init__(
-        self, stream: Any, limit: int, label: str, current: Budget | None, tree: bool
+        self,
+        stream: Any,
+        limit: int,
+        label: str,
+        current: Budget | None,
+        tree: bool,
+        file_body: bool,
     ) -> None:
         self._stream = stream
+        self._file_body = file_body
         self._limit = limit
         self._label = label
         self._budget = current
@@ -247,10 +271,14 @@ class _Bounded(httpx2.SyncByteStream):
         for chunk in self._stream:
             seen += len(chunk)
             if seen > self._limit:
+                what = (
+                    "the file size it announced (X-Linked-Size / Content-Length)"
+                    if self._file_body
+                    else "what this tool reads from a Hub API answer"
+                )
                 raise UntrustedInputError(
-                    f"{printable(self._label)}: the Hub server sent more than the "
-                    f"{self._limit:,} bytes expected (Content-Length / X-Linked-Size); "
-                    "download stopped"
+                    f"{printable(self._label)}: the Hub server sent more than {self._limit:,} "
+                    f"bytes, {what}; reading stopped"
                 )
             if self._budget is not None:
                 self._budget.check_time()
@@ -302,7 +330,7 @@ def check_tree_page(body: bytes, label: str) -> int:
     if not isinstance(page, list):
         raise UntrustedInputError(
             f"{printable(label)}: the Hub server's file listing is a JSON "
-            f"{type(page).__name__}, not a list of entries"
+            f"{_JSON_KIND.get(type(page), 'value')}, not an array of entries"
         )
     for index, entry in enumerate(page):
         problem = _entry_problem(entry)
@@ -315,17 +343,17 @@ def check_tree_page(body: bytes, label: str) -> int:
 
 def _entry_problem(entry: object) -> str | None:
     if not isinstance(entry, dict):
-        return f"is a {type(entry).__name__}, not an object"
+        return f"is a JSON {_JSON_KIND.get(type(entry), 'value')}, not an object"
     kind = entry.get("type")
     if kind not in ("file", "directory"):
-        return f"type {printable(kind)[:40]!r} is not 'file' or 'directory'"
+        return f"type '{printable(kind)[:40]}' is not 'file' or 'directory'"
     problem = repo_path_problem(entry.get("path"))
     if problem is not None:
-        return f"path {printable(entry.get('path'))[:80]!r} {problem}"
+        return f"path '{printable(entry.get('path'))[:80]}' {problem}"
     if kind == "directory":
         return None
     if not _is_count(entry.get("size")):
-        return f"size {printable(entry.get('size'))[:40]!r} is not a byte count"
+        return f"size '{printable(entry.get('size'))[:40]}' is not a byte count"
     if not isinstance(entry.get("oid"), str):
         return "oid is missing or not a string"
     lfs = entry.get("lfs")
@@ -337,6 +365,9 @@ def _entry_problem(entry: object) -> str | None:
     ):
         return "lfs is not an object with size, oid and pointerSize"
     return None
+
+
+_JSON_KIND = {dict: "object", list: "array", str: "string", int: "number", float: "number"}
 
 
 def _is_count(value: object) -> bool:
