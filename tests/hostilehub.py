@@ -8,6 +8,7 @@ It speaks just enough of the Hub protocol for `inspect org/repo/m.onnx` and `hub
 - `commit_up`: the file's `X-Repo-Commit` is `../../x/PWNED_dir`;
 - `endless_body`: HEAD announces 1000 bytes, GET sends a chunked body that never ends;
 - `slow_body`: HEAD announces 10 MB, GET drips a few bytes at a time, forever;
+- `gzip_bomb`: HEAD announces 250 kB, GET sends 200 kB of gzip that inflates to 200 MB;
 - `escape_reason`: a 403 whose reason phrase carries terminal escapes;
 - `endless_pages`: every tree page links to a next one;
 - `huge_listing`: one tree page of 3,000,000 entries (about 250 MB, streamed);
@@ -19,10 +20,12 @@ Every body that "never ends" stops when the client hangs up, or after 60 s.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import threading
 import time
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -35,6 +38,7 @@ ATTACKS = (
     "commit_up",
     "endless_body",
     "slow_body",
+    "gzip_bomb",
     "escape_reason",
     "endless_pages",
     "huge_listing",
@@ -146,6 +150,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
             self.end_headers()
             return
+        elif attack == "gzip_bomb":
+            headers["ETag"] = f'"{"f" * 64}"'
+            extra = {"Content-Length": "250000"} if head else {"Content-Encoding": "gzip"}
+            self._send(200, b"" if head else _gzip_zeros(200), head, {**headers, **extra})
+            return
         elif attack in ("endless_body", "slow_body"):
             size = 1000 if attack == "endless_body" else 10_000_000
             headers["ETag"] = f'"{"e" * 64}"'
@@ -202,6 +211,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client hung up: what the tests want
+
+
+@functools.cache
+def _gzip_zeros(megabytes: int) -> bytes:
+    """gzip of `megabytes` MB of zero bytes (about 1 kB per MB)."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    zeros = b"\0" * (1 << 20)
+    return b"".join(packer.compress(zeros) for _ in range(megabytes)) + packer.flush()
 
 
 def _endless(chunk: bytes, fast: bool):

@@ -11,6 +11,8 @@ response is checked as huggingface_hub receives it, so a server cannot answer on
 well and the next one badly. Hooks rather than a custom transport: the client keeps its
 own transport setup (HTTPS_PROXY and friends).
 
+- Requests ask for uncompressed bodies, and a compressed answer is refused: a few kB of
+  gzip could inflate past every byte limit.
 - Headers: `X-Repo-Commit` is 40 hex digits; on a HEAD, `ETag` / `X-Linked-Etag` are hex
   (optionally quoted, optionally weak); sizes are decimal; `X-Xet-Hash` is dropped so that
   file bytes always come through this client (hf_xet downloads outside it, unchecked).
@@ -145,6 +147,8 @@ def _guarded_client() -> Any:
 
 
 def _on_request(request: Any) -> None:
+    # Byte limits count what arrives: a compressed body could inflate far past them.
+    request.headers["Accept-Encoding"] = "identity"
     current = _BUDGET.get()
     if current is not None:
         current.check_time()
@@ -198,6 +202,9 @@ def _check_headers(response: Any, label: str) -> None:
             f"not {expected}; refusing to use it"
         )
 
+    encoding = headers.get("Content-Encoding", "identity")
+    if encoding.strip().lower() != "identity":
+        raise bad("Content-Encoding", encoding, "identity (this tool asks for uncompressed bodies)")
     commit = headers.get("X-Repo-Commit")
     if commit is not None and not _COMMIT.fullmatch(commit):
         raise bad("X-Repo-Commit", commit, "a 40-hex commit sha")

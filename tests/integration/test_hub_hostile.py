@@ -30,6 +30,7 @@ CASES = {
     "commit_up": (["inspect", MODEL], ["org/repo@main/m.onnx", "X-Repo-Commit"]),
     "endless_body": (["inspect", MODEL], ["org/repo@main/m.onnx", "more than 1,000 bytes"]),
     "slow_body": (["inspect", MODEL], ["org/repo@main/m.onnx", "within 3 s"]),
+    "gzip_bomb": (["inspect", MODEL], ["org/repo@main/m.onnx", "Content-Encoding: 'gzip'"]),
     "escape_reason": (["inspect", MODEL], ["org/repo@main/m.onnx", "HTTP 403"]),
     "endless_pages": (["hub", "ls", "org/repo"], ["org/repo@main", "more than 1000 pages"]),
     "huge_listing": (["hub", "ls", "org/repo"], ["org/repo@main", "more than 16,777,216 bytes"]),

@@ -160,6 +160,10 @@ def load_pretrained(
             where=where,
         )
     source = os.path.expanduser(model_id) if local else model_id
+    if not local:  # transformers downloads through huggingface_hub: check what the Hub sends
+        from winml_recipes.hubguard import install
+
+        install()
     kwargs: dict[str, Any] = {}
     if revision is not None and not local:
         kwargs["revision"] = revision
