@@ -11,6 +11,7 @@ It speaks just enough of the Hub protocol for `inspect org/repo/m.onnx` and `hub
 - `gzip_bomb`: HEAD announces 250 kB, GET sends 200 kB of gzip that inflates to 200 MB;
 - `escape_reason`: a 403 whose reason phrase carries terminal escapes;
 - `endless_pages`: every tree page links to a next one;
+- `wide_pages`: the same with 1000 entries a page (entries run out before pages do);
 - `huge_listing`: one tree page of 3,000,000 entries (about 250 MB, streamed);
 - `listing_object` / `listing_big` / `listing_newline`: a tree listing that is an object,
   that has size "big", or whose path holds a newline and a forged line.
@@ -41,6 +42,7 @@ ATTACKS = (
     "gzip_bomb",
     "escape_reason",
     "endless_pages",
+    "wide_pages",
     "huge_listing",
     "listing_object",
     "listing_big",
@@ -169,9 +171,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _tree(self, route: str, cursor: int, head: bool) -> None:
         attack = self.server_hub.attack
         entry = {"type": "file", "oid": "1" * 40, "size": 4, "path": "m.onnx"}
-        if attack == "endless_pages":
+        if attack in ("endless_pages", "wide_pages"):
             link = f'<{self.server_hub.url}{route}?recursive=true&cursor={cursor + 1}>; rel="next"'
-            page = [{**entry, "path": f"p{cursor}.onnx"}]
+            width = 1000 if attack == "wide_pages" else 1
+            page = [{**entry, "path": f"p{cursor}/{i}.onnx"} for i in range(width)]
             self._send(200, json.dumps(page).encode(), head, {"Link": link})
         elif attack == "huge_listing":
             self._chunked(200, {"Content-Type": "application/json"}, _huge_listing(3_000_000))

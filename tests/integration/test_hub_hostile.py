@@ -33,6 +33,7 @@ CASES = {
     "gzip_bomb": (["inspect", MODEL], ["org/repo@main/m.onnx", "Content-Encoding: 'gzip'"]),
     "escape_reason": (["inspect", MODEL], ["org/repo@main/m.onnx", "HTTP 403"]),
     "endless_pages": (["hub", "ls", "org/repo"], ["org/repo@main", "more than 1000 pages"]),
+    "wide_pages": (["hub", "ls", "org/repo"], ["org/repo@main", "more than 200,000 entries"]),
     "huge_listing": (["hub", "ls", "org/repo"], ["org/repo@main", "more than 16,777,216 bytes"]),
     "listing_object": (["hub", "ls", "org/repo"], ["org/repo@main", "JSON object, not an array"]),
     "listing_big": (["hub", "ls", "org/repo"], ["org/repo@main", "entry 0: size 'big'"]),
