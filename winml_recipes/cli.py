@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from winml_recipes.sdk.errors import WinmlError
+from winml_recipes.untrusted import printable
 
 EXIT_USER = 2
 EXIT_INTERNAL = 1
@@ -24,7 +25,8 @@ class _Group(click.Group):
         except WinmlError as exc:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
-            click.echo(f"error: {exc}", err=True)
+            # Messages may quote a file or a server: no control character reaches the terminal.
+            click.echo(f"error: {printable(exc)}", err=True)
             sys.exit(exc.exit_code)
         except OSError as exc:  # a path that is not writable, not a directory, ...
             if ctx.obj and ctx.obj.get("debug"):
@@ -1159,14 +1161,15 @@ def hub_ls(repo_id, revision, as_json) -> None:
             ]
         )
         return
+    # Paths come from the server: escaped, so a newline in one cannot forge a line.
     if not entries:
-        click.echo(f"{repo_id}: no .onnx files")
+        click.echo(f"{printable(repo_id)}: no .onnx files")
         return
-    click.echo(f"{repo_id} @ {entries[0].commit}")
+    click.echo(f"{printable(repo_id)} @ {printable(entries[0].commit)}")
     for e in entries:
-        click.echo(f"  {e.path:<60} {e.size / 1e6:10.2f} MB")
+        click.echo(f"  {printable(e.path):<60} {e.size / 1e6:10.2f} MB")
         for side, size in e.sidecars.items():
-            click.echo(f"    + {side:<58} {size / 1e6:10.2f} MB")
+            click.echo(f"    + {printable(side):<58} {size / 1e6:10.2f} MB")
 
 
 def _register_run_commands() -> None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from winml_recipes.sdk.errors import SourceError
+from winml_recipes.sdk.errors import SourceError, WinmlError
 from winml_recipes.sources import (
     CatalogName,
     HfModelId,
@@ -46,6 +46,7 @@ from winml_recipes.sources import (
     classify,
     is_onnx_name,
 )
+from winml_recipes.untrusted import UntrustedInputError, printable
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,8 @@ def _library() -> dict[str, str]:
 
 
 def _one_line(text: object, limit: int = 200) -> str:
-    flat = " ".join(str(text).split())
+    """`text` on one printable line (it may quote a server: control characters escaped)."""
+    flat = printable(" ".join(str(text).split()))
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
@@ -161,8 +163,16 @@ class _Fetch:
         """The cached path of `filename` at `revision`, downloading it when needed, and
         whether its blob was downloaded by this call.
 
-        Raises `_Missing` when the file does not exist, `SourceError` for everything else.
+        Raises `_Missing` when the file does not exist, `SourceError` (or
+        `UntrustedInputError` for a hostile answer) for everything else. Every request runs
+        under `hubguard`'s checks and limits for this one file.
         """
+        from winml_recipes import hubguard
+
+        with hubguard.budget(self.label(filename, revision), "download"):
+            return self._get(filename, revision)
+
+    def _get(self, filename: str, revision: str) -> tuple[Path, bool]:
         from huggingface_hub import _CACHED_NO_EXIST, hf_hub_download, try_to_load_from_cache
 
         s = self.settings
@@ -244,6 +254,8 @@ class _Fetch:
 
         what = self.label(filename, revision)
         endpoint = self.settings.endpoint
+        if isinstance(exc, WinmlError):
+            return exc  # hubguard's one-line refusal (a hostile or broken server)
         if isinstance(exc, RemoteEntryNotFoundError):
             return _Missing()
         if isinstance(exc, GatedRepoError):
@@ -339,6 +351,8 @@ def external_locations(model_path: Path, filename: str) -> list[str]:
     """
     import onnx
 
+    from winml_recipes.hubguard import repo_path_problem
+
     try:
         model = onnx.load(str(model_path), load_external_data=False)
     except Exception:
@@ -351,10 +365,16 @@ def external_locations(model_path: Path, filename: str) -> list[str]:
         location = next((e.value for e in tensor.external_data if e.key == "location"), "")
         loc = location.replace("\\", "/")
         repo_path = posixpath.normpath(posixpath.join(folder, loc))
-        if not loc or loc.startswith("/") or repo_path.startswith("../") or repo_path == "..":
+        if (
+            not loc
+            or loc.startswith("/")
+            or repo_path.startswith("../")
+            or repo_path == ".."
+            or repo_path_problem(repo_path) is not None
+        ):
             raise SourceError(
-                f"{filename} references external data '{location}' outside its repo; "
-                "refusing to fetch it"
+                f"{filename} references external data '{printable(location)}' outside its "
+                "repo or with an unsafe name; refusing to fetch it"
             )
         found.add(repo_path)
     return sorted(found)
@@ -483,17 +503,11 @@ def download_file(repo_id: str, filename: str, revision: str | None = None) -> t
 def list_onnx(repo_id: str, revision: str | None = None) -> list[HubEntry]:
     """Every `.onnx` file of a Hub repo (case-insensitive), with sizes and sidecars.
 
-    Sidecars are files in the same folder named `<file>_data*` or `<file>.data*`.
+    Sidecars are files in the same folder named `<file>_data*` or `<file>.data*`. The
+    listing runs under `hubguard`'s checks: bounded pages, entries, bytes and time, and
+    every entry's path and size checked before huggingface_hub parses it.
     """
-    import httpx2
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import (
-        HfHubHTTPError,
-        OfflineModeIsEnabled,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-    from huggingface_hub.hf_api import RepoFile
+    from winml_recipes import hubguard
 
     s = _settings()
     rev = revision or "main"
@@ -502,40 +516,8 @@ def list_onnx(repo_id: str, revision: str | None = None) -> list[HubEntry]:
             f"listing the files of {repo_id} needs the Hub, but HF_HUB_OFFLINE is set; "
             "unset it, or name the file (org/repo/path.onnx) to use the cache"
         )
-    api = HfApi(endpoint=s.endpoint, **_library())
-    commit: str | None = None
-    try:
-        # One request without retries: an unreachable endpoint fails now, and the listing
-        # below is pinned to the commit so that it is consistent.
-        commit = api.model_info(repo_id, revision=rev, expand=["sha"]).sha
-    except RepositoryNotFoundError:
-        raise SourceError(_repo_not_found(repo_id, s.endpoint)) from None
-    except RevisionNotFoundError:
-        raise SourceError(_revision_not_found(repo_id, rev)) from None
-    except HfHubHTTPError:
-        pass  # e.g. a 500: the listing retries
-    except (httpx2.TransportError, httpx2.InvalidURL, OfflineModeIsEnabled) as exc:
-        raise SourceError(
-            f"cannot reach the Hugging Face Hub at {s.endpoint} to list {repo_id}@{rev} "
-            f"({_reason(exc)}); check HF_ENDPOINT and the network"
-        ) from None
-    except Exception as exc:
-        raise SourceError(f"could not list {repo_id}@{rev}: {_reason(exc)}") from None
-    try:
-        tree = [
-            e
-            for e in api.list_repo_tree(repo_id, revision=commit or rev, recursive=True)
-            if isinstance(e, RepoFile)
-        ]
-    except RepositoryNotFoundError:
-        raise SourceError(_repo_not_found(repo_id, s.endpoint)) from None
-    except RevisionNotFoundError:
-        raise SourceError(_revision_not_found(repo_id, rev)) from None
-    except (HfHubHTTPError, httpx2.HTTPError, httpx2.InvalidURL) as exc:
-        raise SourceError(
-            f"could not list {repo_id}@{rev} from {s.endpoint} ({_reason(exc)})"
-        ) from None
-    sizes = {e.path: int(e.size) for e in tree}
+    with hubguard.budget(f"{repo_id}@{rev}", "listing"):
+        commit, sizes = _list_files(repo_id, rev, s)
     entries = []
     for path in sorted(p for p in sizes if is_onnx_name(p)):
         stem = posixpath.basename(path)
@@ -550,6 +532,77 @@ def list_onnx(repo_id: str, revision: str | None = None) -> list[HubEntry]:
         }
         entries.append(HubEntry(repo_id, path, sizes[path], sidecars, revision, commit))
     return entries
+
+
+def _list_files(repo_id: str, rev: str, s: _Settings) -> tuple[str | None, dict[str, int]]:
+    """(commit, {path: size}) of every file of `repo_id` at `rev`; one-line errors."""
+    import httpx2
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+    from huggingface_hub.hf_api import RepoFile
+
+    from winml_recipes.hubguard import is_commit, repo_path_problem
+
+    api = HfApi(endpoint=s.endpoint, **_library())
+    commit: str | None = None
+    try:
+        # One request without retries: an unreachable endpoint fails now, and the listing
+        # below is pinned to the commit so that it is consistent.
+        commit = api.model_info(repo_id, revision=rev, expand=["sha"]).sha
+    except WinmlError:
+        raise
+    except RepositoryNotFoundError:
+        raise SourceError(_repo_not_found(repo_id, s.endpoint)) from None
+    except RevisionNotFoundError:
+        raise SourceError(_revision_not_found(repo_id, rev)) from None
+    except HfHubHTTPError:
+        pass  # e.g. a 500: the listing retries
+    except (httpx2.TransportError, httpx2.InvalidURL, OfflineModeIsEnabled) as exc:
+        raise SourceError(
+            f"cannot reach the Hugging Face Hub at {s.endpoint} to list {repo_id}@{rev} "
+            f"({_reason(exc)}); check HF_ENDPOINT and the network"
+        ) from None
+    except Exception as exc:
+        raise SourceError(f"could not list {repo_id}@{rev}: {_reason(exc)}") from None
+    if commit is not None and not is_commit(commit):
+        raise UntrustedInputError(
+            f"{repo_id}@{rev}: the Hub server's model info has sha "
+            f"'{printable(commit)[:60]}', not a 40-hex commit sha; refusing it"
+        )
+    sizes: dict[str, int] = {}
+    try:
+        for e in api.list_repo_tree(repo_id, revision=commit or rev, recursive=True):
+            if not isinstance(e, RepoFile):
+                continue
+            # hubguard checked each page already; this guards the fields used here.
+            problem = repo_path_problem(e.path)
+            if problem is not None or not isinstance(e.size, int) or e.path in sizes:
+                why = "is listed twice" if e.path in sizes else (problem or "has no byte size")
+                raise UntrustedInputError(
+                    f"{repo_id}@{rev}: file listing entry '{printable(e.path)[:80]}' {why}; "
+                    "refusing the listing"
+                )
+            sizes[e.path] = e.size
+    except WinmlError:
+        raise
+    except RepositoryNotFoundError:
+        raise SourceError(_repo_not_found(repo_id, s.endpoint)) from None
+    except RevisionNotFoundError:
+        raise SourceError(_revision_not_found(repo_id, rev)) from None
+    except (HfHubHTTPError, httpx2.HTTPError, httpx2.InvalidURL) as exc:
+        raise SourceError(
+            f"could not list {repo_id}@{rev} from {s.endpoint} ({_reason(exc)})"
+        ) from None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise UntrustedInputError(
+            f"{repo_id}@{rev}: the Hub server's file listing is malformed ({_reason(exc)})"
+        ) from None
+    return commit, sizes
 
 
 def local_model_file(ref: str, *, base: Path | None = None) -> Path:

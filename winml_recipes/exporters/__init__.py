@@ -167,6 +167,10 @@ def load_pretrained(
             check_folder(Path(source))  # no code from it; its configs read within bounds
         except UntrustedInputError as exc:
             raise SourceError(f"cannot load '{model_id}': {exc.message}", where=where) from None
+    else:  # transformers downloads through huggingface_hub: check what the Hub sends
+        from winml_recipes.hubguard import install
+
+        install()
     kwargs: dict[str, Any] = {"trust_remote_code": TRUST_REMOTE_CODE}
     if revision is not None and not local:
         kwargs["revision"] = revision
