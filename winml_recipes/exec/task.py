@@ -114,7 +114,7 @@ def key_metrics(manifest: dict[str, Any]) -> dict[str, Any]:
     sqnrs = [
         met["sqnr_db"]
         for _, s in m.steps()
-        if s.judged
+        if s.verified
         for met in (s.measured.get("outputs") or {}).values()
         if isinstance(met, dict) and met.get("sqnr_db") is not None
     ]

@@ -116,9 +116,11 @@ class StepRecord:
         return self.metrics or {}
 
     @property
-    def judged(self) -> bool:
-        """The step held the model's outputs to quality gates (verify does)."""
-        return "passed" in self.measured
+    def verified(self) -> bool:
+        """The step measured the model's outputs against the float model on a target
+        (verify does: `verified_on` says where, `outputs` holds the metrics, `gates` the
+        thresholds they were held to)."""
+        return bool(self.measured.get("verified_on"))
 
     @property
     def gates(self) -> list[Gate]:
