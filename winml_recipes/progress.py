@@ -15,6 +15,7 @@ from typing import Any
 
 from winml_recipes.engine.plan import PlannedStep
 from winml_recipes.engine.run import Reporter
+from winml_recipes.sdk.records import StepRecord
 
 LOG_AFTER_SECONDS = 10.0
 LOG_EVERY_SECONDS = 30.0
@@ -74,12 +75,12 @@ class _Lines(Reporter):
                 f"{_eta(key, done, total)})"
             )
 
-    def step_finished(self, component: str, step: PlannedStep, record: dict[str, Any]) -> None:
-        peak = record.get("peak_rss_mb")
+    def step_finished(self, component: str, step: PlannedStep, record: StepRecord) -> None:
+        peak = record.peak_rss_mb
         long = self.logged or time.monotonic() - self.started >= LOG_AFTER_SECONDS
         memory = f", peak {peak / 1024:.1f} GB" if peak and long else ""
         self._print(
-            f"{component}: {step.name} [{record['status']}] "
+            f"{component}: {step.name} [{record.status}] "
             f"in {time.monotonic() - self.started:.1f} s{memory}"
         )
 
@@ -177,9 +178,9 @@ class _Rich(Reporter):
     ) -> None:
         self.progress.update(self.task, completed=done, total=total, rest=f"{self.rest} {what}")
 
-    def step_finished(self, component: str, step: PlannedStep, record: dict[str, Any]) -> None:
-        status = record["status"]
-        extra = f" ({record['reason']})" if status == "skipped" else ""
+    def step_finished(self, component: str, step: PlannedStep, record: StepRecord) -> None:
+        status = record.status
+        extra = f" ({record.reason})" if status == "skipped" else ""
         task = self.progress.tasks[-1] if self.progress.tasks else None
         total = task.total if task is not None and task.total else 1
         rest = f": {step.name} [{status}]{extra}"

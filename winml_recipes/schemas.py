@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from winml_recipes.presets import devices, precisions
+from winml_recipes.sdk.records import SCHEMA_VERSION
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
-SCHEMA_VERSION = 1
 NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]*$"
 DTYPES = [
     "float32",
@@ -280,185 +280,24 @@ def catalog_schema() -> dict[str, Any]:
 
 
 def manifest_schema() -> dict[str, Any]:
-    sha = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
-    step = {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["pass", "status"],
-        "properties": {
-            "pass": {"type": "string"},
-            "implementation": {"type": "string"},
-            "version": {"type": "integer"},
-            "options": {"type": "object"},
-            "status": {
-                "enum": ["ran", "cached", "skipped", "failed"],
-                "description": "failed: the step that stopped a failed build (its manifest "
-                "is in the target's .failed folder).",
-            },
-            "reason": {"type": "string"},
-            "error": {"type": "string", "description": "A failed step's one-line error."},
-            "wall_seconds": {"type": "number", "minimum": 0},
-            "peak_rss_mb": {
-                "type": ["number", "null"],
-                "description": "Peak resident memory of the build process when the step ended.",
-            },
-            "memory_estimate_mb": {
-                "type": "number",
-                "description": "The step's estimated peak, checked against the memory budget "
-                "before it ran (absent: the pass gives no estimate, e.g. export).",
-            },
-            "input_sha256": {"anyOf": [sha, {"type": "null"}]},
-            "output_sha256": {"anyOf": [sha, {"type": "null"}]},
-            "cache_key": {"type": "string"},
-            "metrics": {
-                "type": "object",
-                "description": "Pass metrics. verify adds verified_on (an EP key such as "
-                "qnn-htp, or cpu-simulation where the device's EP cannot load here), "
-                "execution_provider {key, provider, backend, available, versions | reason}, "
-                "placement {nodes, partitions per EP} and cpu_simulation {outputs}; quantize "
-                "with mixed_precision auto adds mixed_precision_auto (promoted[] with kind, "
-                "round and the damage measured for each, rounds[] with each round's output "
-                "SQNR; README, Quantization).",
-                # metrics stay open (each pass has its own); this one entry is described
-                "patternProperties": {
-                    "^mixed_precision_auto$": MIXED_PRECISION_AUTO,
-                    "^gates$": GATES,
-                    "^passed$": {"type": "boolean", "description": "verify: every gate held."},
-                },
-            },
-            "artifacts": {
-                "type": "array",
-                "description": "Files this step ships beside the model (e.g. compile's "
-                "EPContext model and context binary).",
-                "items": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "required": ["name", "size_bytes", "sha256"],
-                    "properties": {
-                        "name": {"type": "string"},
-                        "size_bytes": {"type": "integer", "minimum": 0},
-                        "sha256": sha,
-                    },
-                },
-            },
-        },
-    }
-    component = {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["source", "steps"],
-        "properties": {
-            "contract": {
-                "type": "object",
-                "description": "The inputs as the build used them (dtype, shape with named "
-                "dims, range, values, image), the outputs and the dims' values: compare and "
-                "run feed the built model from them.",
-                "additionalProperties": False,
-                "properties": {
-                    "inputs": {"type": "object", "additionalProperties": {"type": "object"}},
-                    "outputs": {"type": "object", "additionalProperties": {"type": "object"}},
-                    "dims": {"type": "object", "additionalProperties": {"type": "integer"}},
-                },
-            },
-            "source": {
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["kind", "ref", "sha256"],
-                "properties": {
-                    "kind": {"type": "string"},
-                    "ref": {"type": "string"},
-                    "revision": {"type": "string"},
-                    "sha256": sha,
-                },
-            },
-            "steps": {"type": "array", "items": step},
-            "reference": {
-                "type": "object",
-                "description": "The float model the component was verified against, shipped "
-                "in float-reference/<component>/ (absent: the shipped model is the float one).",
-                "additionalProperties": False,
-                "required": ["path", "sha256"],
-                "properties": {"path": {"type": "string"}, "sha256": sha},
-            },
-            "artifact": {
-                "description": "The shipped model (absent only in a failed build's evidence, "
-                "for a component that had no model yet).",
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["path", "size_bytes", "sha256", "files"],
-                "properties": {
-                    "path": {"type": "string"},
-                    "size_bytes": {"type": "integer", "minimum": 0},
-                    "sha256": sha,
-                    "files": {
-                        "type": "array",
-                        "items": {
-                            "type": "object",
-                            "additionalProperties": False,
-                            "required": ["path", "size_bytes", "sha256"],
-                            "properties": {
-                                "path": {"type": "string"},
-                                "size_bytes": {"type": "integer"},
-                                "sha256": sha,
-                            },
-                        },
-                    },
-                },
-            },
-        },
+    """Generated from the manifest's records (sdk/records.py), with what only the package
+    knows filled in: the target's devices and precisions, and the shapes of the metrics
+    the records leave open (each pass has its own) that tools read."""
+    from winml_recipes.sdk.records import Manifest, record_schema
+
+    schema = record_schema(Manifest)
+    schema["properties"]["target"] = _target_schema()
+    step = schema["properties"]["components"]["additionalProperties"]["properties"]["steps"]
+    step["items"]["properties"]["metrics"]["patternProperties"] = {
+        "^mixed_precision_auto$": MIXED_PRECISION_AUTO,
+        "^gates$": GATES,
+        "^passed$": {"type": "boolean", "description": "verify: every gate held."},
     }
     return {
         "$schema": DRAFT,
         "$id": "https://winml-recipes.dev/schemas/manifest.schema.json",
         "title": "winml-recipes build manifest",
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["schema_version", "tool", "versions", "recipe", "target", "components"],
-        "properties": {
-            "schema_version": {"const": SCHEMA_VERSION},
-            "tool": {
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["name", "version"],
-                "properties": {"name": {"type": "string"}, "version": {"type": "string"}},
-            },
-            "versions": {"type": "object", "additionalProperties": {"type": ["string", "null"]}},
-            "recipe": {
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["name", "path", "sha256", "rendered"],
-                "properties": {
-                    "name": {"type": "string"},
-                    "path": {"type": "string"},
-                    "sha256": sha,
-                    "rendered": {"type": "string"},
-                    "variables": {"type": "object"},
-                },
-            },
-            "model": {"type": "string"},
-            "catalog": {
-                "type": "object",
-                "description": "The catalog entry built from (task, components, I/O contracts).",
-            },
-            "source": {
-                "type": "string",
-                "description": "The catalog's named source built from (absent: its only one).",
-            },
-            "target": _target_schema(),
-            "wall_seconds": {"type": "number", "minimum": 0},
-            "status": {
-                "enum": ["ok", "failed"],
-                "description": "failed: the evidence a failed build keeps in "
-                "build/<recipe>/<device>-<precision>.failed/ (the models made so far, each "
-                "component's last; the steps that ran and the failed one).",
-            },
-            "error": {"type": "string", "description": "failed: the build's one-line error."},
-            "failing_step": {
-                "type": ["string", "null"],
-                "description": "failed: component/step.",
-            },
-            "components": {"type": "object", "additionalProperties": component},
-        },
+        **schema,
     }
 
 

@@ -86,17 +86,82 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
 
 
+# The SDK's interfaces to the package's services (model I/O, sample inputs, sessions on a
+# target, memory estimates, the presets): what a pass may use of the package besides the
+# SDK's core. They sit on top of the implementations; nothing in the package imports them
+# but passes.
+FACADES = {
+    "winml_recipes.sdk.models",
+    "winml_recipes.sdk.samples",
+    "winml_recipes.sdk.runtime",
+    "winml_recipes.sdk.memory",
+    "winml_recipes.sdk.presets",
+}
+# The algorithms of our own passes (quantization, graph rewrites, exporters): what a
+# third-party pass brings in its own package. Not engine services, so not in the SDK.
+PASS_LIBRARIES = ("winml_recipes.quant", "winml_recipes.graph", "winml_recipes.exporters")
+
+
 def test_the_sdk_imports_nothing_else_from_the_package() -> None:
-    """Passes (ours and third parties') build on winml_recipes.sdk alone: it sits at the
-    bottom of the import graph, so an engine change can never make a plugin import cycle."""
+    """Passes (ours and third parties') build on winml_recipes.sdk alone: its core sits at
+    the bottom of the import graph, so an engine change can never make a plugin import
+    cycle. Only its facades reach the package, and nothing below them imports them."""
     modules = _modules()
-    sdk = {name: path for name, path in modules.items() if name.startswith("winml_recipes.sdk")}
+    sdk = {
+        name: path
+        for name, path in modules.items()
+        if name.startswith("winml_recipes.sdk") and name not in FACADES
+    }
     assert "winml_recipes.sdk.passes" in sdk  # the test looks at the real package
+    assert set(modules) >= FACADES
     outside = {
         name: sorted(m for m in _imports(path, modules) if not m.startswith("winml_recipes.sdk"))
         for name, path in sdk.items()
     }
     assert {n: m for n, m in outside.items() if m} == {}
+    users = {
+        name: sorted(FACADES & _imports(path, modules))
+        for name, path in modules.items()
+        if not name.startswith(("winml_recipes.passes", "winml_recipes.sdk."))
+    }
+    assert {n: m for n, m in users.items() if m} == {}
+
+
+def _pass_imports(path: Path, modules: dict[str, Path]) -> list[str]:
+    """What a pass module imports of the package that is neither the SDK nor its own
+    algorithm libraries."""
+    allowed = ("winml_recipes.sdk", "winml_recipes.passes", *PASS_LIBRARIES)
+    return sorted(
+        m
+        for m in _imports(path, modules)
+        if m.startswith("winml_recipes") and not m.startswith(allowed)
+    )
+
+
+def test_passes_import_only_the_sdk() -> None:
+    """A pass reaches the engine, model I/O, sample inputs and sessions through the SDK
+    (winml_recipes.sdk: its core and facades), never the modules behind it, so writing a
+    pass needs the SDK alone and those modules can change under it."""
+    modules = _modules()
+    passes = {n: p for n, p in modules.items() if n.startswith("winml_recipes.passes.")}
+    assert {"winml_recipes.passes.quantize", "winml_recipes.passes.verify"} <= set(passes)
+    found = {name: _pass_imports(path, modules) for name, path in passes.items()}
+    assert {n: m for n, m in found.items() if m} == {}
+
+
+def test_the_pass_import_rule_catches_a_reach_past_the_sdk(tmp_path: Path) -> None:
+    modules = _modules()
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from winml_recipes.sdk import Pass\nfrom winml_recipes import __version__\n"
+        "def run():\n    from winml_recipes.engine.budget import RewritesGraph\n"
+        "    import winml_recipes.feeds\n"
+    )
+    assert _pass_imports(bad, modules) == [
+        "winml_recipes",
+        "winml_recipes.engine.budget",
+        "winml_recipes.feeds",
+    ]
 
 
 def _string_literals(path: Path) -> list[str]:
@@ -137,3 +202,15 @@ def test_the_engine_names_no_pass() -> None:
         if word.search(text) and not text.startswith("winml-recipes ")
     }
     assert found == set()
+
+
+def test_every_name_of_the_sdk_facades_resolves() -> None:
+    """A facade's names load on first use: each one it lists is there (a renamed function
+    behind it fails here, not in a pass at build time)."""
+    import importlib
+
+    for facade in sorted(FACADES):
+        module = importlib.import_module(facade)
+        assert module.__all__, facade
+        for name in module.__all__:
+            assert getattr(module, name) is not None, f"{facade}.{name}"

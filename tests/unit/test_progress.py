@@ -6,10 +6,17 @@ import io
 from types import SimpleNamespace
 
 import winml_recipes.progress as progress
+from winml_recipes.sdk.records import StepRecord
 
 
 def _step(name: str = "quantize"):
     return SimpleNamespace(name=name)
+
+
+def _record(status: str) -> StepRecord:
+    return StepRecord(
+        pass_name="quantize", implementation="x.Quantize", version=1, options={}, status=status
+    )
 
 
 def test_short_steps_print_one_line_each() -> None:
@@ -20,9 +27,9 @@ def test_short_steps_print_one_line_each() -> None:
     lines.step_started("enc", _step())
     for i in range(1, 17):
         lines.step_progress("enc", _step(), "calibration samples", i, 16)
-    lines.step_finished("enc", _step(), {"status": "ran"})
+    lines.step_finished("enc", _step(), _record("ran"))
     lines.step_started("enc", _step("verify"))
-    lines.step_finished("enc", _step("verify"), {"status": "cached"})
+    lines.step_finished("enc", _step("verify"), _record("cached"))
     text = out.getvalue().splitlines()
     assert len(text) == 2, text
     assert text[0].startswith("sam3-tiny cpu/int8 enc: quantize [ran] in 0.")
@@ -40,7 +47,7 @@ def test_long_steps_log_counts_eta_and_the_end(monkeypatch) -> None:
     lines.step_started("enc", _step())  # t = 0
     lines.step_progress("enc", _step(), "calibration samples", 1, 4)
     lines.step_progress("enc", _step(), "calibration samples", 2, 4)
-    lines.step_finished("enc", _step(), {"status": "ran"})
+    lines.step_finished("enc", _step(), _record("ran"))
     text = out.getvalue().splitlines()
     assert text[0].startswith("enc: quantize: calibration samples 1/4 (")
     assert "s left)" in text[1] and text[1].startswith("enc: quantize: calibration samples 2/4")
@@ -53,7 +60,7 @@ def test_a_long_step_without_counts_logs_its_end(monkeypatch) -> None:
     out = io.StringIO()
     lines = progress._Lines(out)
     lines.step_started("enc", _step("export"))
-    lines.step_finished("enc", _step("export"), {"status": "ran"})
+    lines.step_finished("enc", _step("export"), _record("ran"))
     assert out.getvalue() == "enc: export [ran] in 60.0 s\n"
 
 
@@ -65,7 +72,7 @@ def _render_live_view(width: int) -> list[str]:
     view = progress._Rich(console=console)
     long = "prompt_encoder_mask_decoder"
     view.step_started("vision_encoder", _step("export"))
-    view.step_finished("vision_encoder", _step("export"), {"status": "cached"})
+    view.step_finished("vision_encoder", _step("export"), _record("cached"))
     view.step_started(long, _step("quantize"))
     view.step_progress(long, _step("quantize"), "calibration samples", 45, 64)
     console.print(view.progress.get_renderable())

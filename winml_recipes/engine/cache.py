@@ -9,7 +9,6 @@ the next `put` sweeps.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -23,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import winml_recipes
-from winml_recipes.engine.resolve import canonical_json
 from winml_recipes.onnx.io import file_sha256
 
 CACHE_ENV = "WINML_RECIPES_CACHE"
@@ -76,11 +74,6 @@ def check_output_apart(output_root: Path, cache_root: Path) -> None:
             f"{printable(output_root)}; choose an output folder that does not hold it (or point "
             f"{CACHE_ENV} elsewhere)"
         )
-
-
-def cache_key(**parts: Any) -> str:
-    payload = canonical_json({**parts, "versions": library_versions()})
-    return hashlib.sha256(payload.encode()).hexdigest()
 
 
 @dataclass(frozen=True)

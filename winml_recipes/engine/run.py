@@ -15,14 +15,29 @@ from typing import Any
 import yaml
 
 import winml_recipes
-from winml_recipes.engine.cache import StepCache, cache_key, library_versions
-from winml_recipes.engine.code_digest import code_digest
+from winml_recipes.engine.cache import StepCache, library_versions
+from winml_recipes.engine.identity import contract_key, identify
 from winml_recipes.engine.lock import exclusive
 from winml_recipes.engine.plan import ComponentPlan, Plan, PlannedStep
-from winml_recipes.schemas import SCHEMA_VERSION
 from winml_recipes.sdk.contract import IOContract
 from winml_recipes.sdk.errors import InternalError, PassError, WinmlError
 from winml_recipes.sdk.passes import model_file, pass_making, sample_inputs_of
+from winml_recipes.sdk.records import (
+    SCHEMA_VERSION,
+    ArtifactRecord,
+    ComponentRecord,
+    ContractRecord,
+    FileRecord,
+    Manifest,
+    RecipeRecord,
+    ReferenceRecord,
+    ShippedRecord,
+    SourceRecord,
+    StepRecord,
+    TargetRecord,
+    ToolRecord,
+    from_json,
+)
 from winml_recipes.sdk.types import StepContext, StepResult, UpstreamComponent
 
 MANIFEST = "manifest.json"
@@ -36,7 +51,7 @@ FAILED_SUFFIX = ".failed"  # build/<recipe>/<device>-<precision>.failed: a faile
 # with the failed step's, and the state before it): what a failed build keeps.
 EVIDENCE = "evidence_chains"
 
-Chains = dict[str, "tuple[list[dict[str, Any]], ChainState]"]
+Chains = dict[str, "tuple[list[StepRecord], ChainState]"]
 
 
 class Reporter:
@@ -46,16 +61,21 @@ class Reporter:
     def step_progress(
         self, component: str, step: PlannedStep, what: str, done: int, total: int | None
     ) -> None: ...
-    def step_finished(self, component: str, step: PlannedStep, record: dict[str, Any]) -> None: ...
+    def step_finished(self, component: str, step: PlannedStep, record: StepRecord) -> None: ...
     def message(self, text: str) -> None: ...
 
 
 @dataclass
 class BuildResult:
     output_dir: Path
-    manifest: dict[str, Any]
+    manifest: dict[str, Any]  # as written to manifest.json
     models: dict[str, Path] = field(default_factory=dict)
     notes: tuple[str, ...] = ()  # lines for the person who built it (e.g. the task chosen)
+
+    @property
+    def record(self) -> Manifest:
+        """The manifest as typed records."""
+        return Manifest.from_json(self.manifest)
 
 
 @dataclass(frozen=True)
@@ -108,8 +128,8 @@ def run_plan(
     budget_mb = resolve_budget(memory_budget)
     check_sources_fit(plan, budget_mb)
 
-    def build(staging: Path) -> dict[str, tuple[list[dict[str, Any]], ChainState]]:
-        chains: dict[str, tuple[list[dict[str, Any]], ChainState]] = {}
+    def build(staging: Path) -> dict[str, tuple[list[StepRecord], ChainState]]:
+        chains: dict[str, tuple[list[StepRecord], ChainState]] = {}
         built: dict[str, UpstreamComponent | None] = {}
         for comp in plan.components:
             try:
@@ -131,7 +151,7 @@ def run_plan(
         cache.release_claims()  # keys a failed step claimed: the next build computes them
 
 
-ChainBuilder = Callable[[Path], "dict[str, tuple[list[dict[str, Any]], ChainState]]"]
+ChainBuilder = Callable[[Path], "dict[str, tuple[list[StepRecord], ChainState]]"]
 
 
 def write_output(
@@ -208,7 +228,7 @@ def _assemble(
 ) -> tuple[dict[str, Any], dict[str, Path]]:
     """Ship the components of `chains` into `staging` (catalog order) and write the
     manifest there (`failure`: the failed build's status, error and failing step)."""
-    components: dict[str, Any] = {}
+    components: dict[str, ComponentRecord] = {}
     models: dict[str, Path] = {}
     for comp in plan.components:
         if comp.name not in chains:
@@ -223,10 +243,10 @@ def _assemble(
             models[comp.name] = model
     order = [c.name for c in plan.recipe.catalog.components.values()]
     components = {n: components[n] for n in order if n in components}
-    manifest = _manifest(plan, components, wall)
-    manifest |= failure or {"status": "ok"}
-    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    return manifest, models
+    manifest = replace(_manifest(plan, components, wall), **(failure or {"status": "ok"}))
+    data = manifest.to_json()
+    (staging / MANIFEST).write_text(json.dumps(data, indent=2) + "\n")
+    return data, models
 
 
 def keep_evidence(
@@ -255,8 +275,8 @@ def _write_evidence(
     plan: Plan, out_dir: Path, staging: Path, chains: Chains, error: str, wall: float
 ) -> Path:
     failing = next(
-        (f"{name}/{r['pass']}" for name, (records, _) in chains.items() for r in records
-         if r.get("status") == "failed"),
+        (f"{name}/{r.pass_name}" for name, (records, _) in chains.items() for r in records
+         if r.status == "failed"),
         None,
     )  # fmt: skip
     failure = {"status": "failed", "error": error, "failing_step": failing}
@@ -445,10 +465,10 @@ def run_steps(
     built: Mapping[str, UpstreamComponent | None],
     budget_mb: float,
     reporter: Reporter,
-) -> tuple[list[dict[str, Any]], ChainState]:
+) -> tuple[list[StepRecord], ChainState]:
     """Run (or read from the cache) `steps` of `comp` from `state`: their manifest records
     and the state after the last. Scratch folders go under `work_root`."""
-    records: list[dict[str, Any]] = []
+    records: list[StepRecord] = []
     for step in steps:
         reporter.step_started(comp.name, step)
         if not step.skip and sample_inputs_of(step.impl, step.config) is not None:
@@ -470,26 +490,35 @@ def run_steps(
     return records, state
 
 
+def _step_record(step: PlannedStep, **fields: Any) -> StepRecord:
+    """A step's record: what ran it (pass, implementation, version, options) and `fields`."""
+    impl = step.impl
+    return StepRecord(
+        pass_name=step.name,
+        implementation=f"{type(impl).__module__}.{type(impl).__qualname__}",
+        version=impl.version,
+        options=step.options,
+        **fields,
+    )
+
+
 def _failed_record(
     step: PlannedStep, state: ChainState, exc: Exception, seconds: float
-) -> dict[str, Any]:
+) -> StepRecord:
     """The manifest record of a step that raised: its error, and what it measured."""
     from winml_recipes.runtime.memory import peak_rss_mb
 
     error = exc if isinstance(exc, WinmlError) else None
-    return {
-        "pass": step.name,
-        "implementation": f"{type(step.impl).__module__}.{type(step.impl).__qualname__}",
-        "version": step.impl.version,
-        "options": step.options,
-        "status": "failed",
-        "error": str(exc) if error else f"{type(exc).__name__}: {exc}",
-        "wall_seconds": round(seconds, 4),
-        "peak_rss_mb": peak_rss_mb(),
-        "input_sha256": state.digest,
-        "output_sha256": None,
-        "metrics": dict(getattr(exc, "metrics", None) or {}),
-    }
+    return _step_record(
+        step,
+        status="failed",
+        error=str(exc) if error else f"{type(exc).__name__}: {exc}",
+        wall_seconds=round(seconds, 4),
+        peak_rss_mb=peak_rss_mb(),
+        input_sha256=state.digest,
+        output_sha256=None,
+        metrics=dict(getattr(exc, "metrics", None) or {}),
+    )
 
 
 def upstream_of(comp: ComponentPlan, state: ChainState) -> UpstreamComponent | None:
@@ -513,24 +542,22 @@ def upstream_of(comp: ComponentPlan, state: ChainState) -> UpstreamComponent | N
 
 def ship_component(
     comp: ComponentPlan,
-    records: list[dict[str, Any]],
+    records: list[StepRecord],
     state: ChainState,
     staging: Path,
     *,
     partial: bool = False,
-) -> tuple[dict[str, Any], Path | None]:
+) -> tuple[ComponentRecord, Path | None]:
     """Copy a component's final model and artifacts into `staging/<component>`; its
     manifest record and the shipped model's path (`partial`: a failed build's evidence,
     where a component may have no model yet: no artifact then)."""
     from winml_recipes.onnx.io import artifact_sha256
 
-    record: dict[str, Any] = {
-        "source": comp.source.to_manifest(),
-        "contract": contract_record(comp.contract),
-    }
+    source = from_json(SourceRecord, comp.source.to_manifest())
+    contract = contract_record(comp.contract)
     if state.model is None:
         if partial:
-            return record | {"steps": records}, None
+            return ComponentRecord(source=source, contract=contract, steps=tuple(records)), None
         raise InternalError(f"{comp.name}: no model after the last step")
     final_dir = staging / comp.name
     final_dir.mkdir(parents=True)
@@ -544,25 +571,28 @@ def ship_component(
         for p in [final_model, *final_dir.glob(f"{final_model.name}_data")]:
             p.unlink()
         shipped = final_dir / state.artifacts[0].name
-    files = [
-        {"path": f"{comp.name}/{p.name}", "size_bytes": p.stat().st_size, "sha256": _sha(p)}
+    files = tuple(
+        FileRecord(path=f"{comp.name}/{p.name}", size_bytes=p.stat().st_size, sha256=_sha(p))
         for p in sorted(final_dir.iterdir())
         if p.name != GRAPH_DIGEST
-    ]
-    artifact = {
-        "path": f"{comp.name}/{shipped.name}",
-        "size_bytes": sum(f["size_bytes"] for f in files),
-        "sha256": artifact_sha256(shipped),
-        "files": files,
-    }
-    record |= {"steps": records, "artifact": artifact}
-    reference = _ship_reference(comp.name, state, staging)
-    if reference is not None:
-        record["reference"] = reference
+    )
+    artifact = ShippedRecord(
+        path=f"{comp.name}/{shipped.name}",
+        size_bytes=sum(f.size_bytes for f in files),
+        sha256=artifact_sha256(shipped),
+        files=files,
+    )
+    record = ComponentRecord(
+        source=source,
+        contract=contract,
+        steps=tuple(records),
+        artifact=artifact,
+        reference=_ship_reference(comp.name, state, staging),
+    )
     return record, final_model
 
 
-def contract_record(contract: IOContract) -> dict[str, Any]:
+def contract_record(contract: IOContract) -> ContractRecord:
     """The component's inputs as the build used them (dtype, shape with named dims, range,
     values, image preprocessing), its outputs and the dims' values: tools that feed the
     built model (compare, run) read them from the manifest, with no recipe or catalog."""
@@ -578,14 +608,14 @@ def contract_record(contract: IOContract) -> dict[str, Any]:
                             "std": list(s.image.std), "layout": s.image.layout}  # fmt: skip
         return out
 
-    return {
-        "inputs": {s.name: spec(s) for s in contract.inputs},
-        "outputs": {s.name: {"dtype": s.dtype, "shape": list(s.shape)} for s in contract.outputs},
-        "dims": {k: int(v) for k, v in sorted(contract.dims.items())},
-    }
+    return ContractRecord(
+        inputs={s.name: spec(s) for s in contract.inputs},
+        outputs={s.name: {"dtype": s.dtype, "shape": list(s.shape)} for s in contract.outputs},
+        dims={k: int(v) for k, v in sorted(contract.dims.items())},
+    )
 
 
-def _ship_reference(name: str, state: ChainState, staging: Path) -> dict[str, Any] | None:
+def _ship_reference(name: str, state: ChainState, staging: Path) -> ReferenceRecord | None:
     """Copy the component's float reference to `staging/float-reference/<name>/` when the
     shipped model differs from it (None: no float model, or the model is the float one).
 
@@ -597,7 +627,7 @@ def _ship_reference(name: str, state: ChainState, staging: Path) -> dict[str, An
     folder.mkdir(parents=True)
     path = model_file(folder)
     _copy_model(state.reference, path)
-    return {"path": path.relative_to(staging).as_posix(), "sha256": state.reference_digest}
+    return ReferenceRecord(path=path.relative_to(staging).as_posix(), sha256=state.reference_digest)
 
 
 def _sha(path: Path) -> str:
@@ -616,19 +646,13 @@ def _run_step(
     built: Mapping[str, UpstreamComponent | None],
     budget_mb: float,
     reporter: Reporter | None = None,
-) -> tuple[dict[str, Any], ChainState]:
+) -> tuple[StepRecord, ChainState]:
     """Run (or fetch from the cache) one step: its manifest record and the next state."""
     from winml_recipes.onnx.io import artifact_sha256
 
     impl = step.impl
-    record: dict[str, Any] = {
-        "pass": step.name,
-        "implementation": f"{type(impl).__module__}.{type(impl).__qualname__}",
-        "version": impl.version,
-        "options": step.options,
-    }
     if step.skip:
-        return record | {"status": "skipped", "reason": step.skip}, state
+        return _step_record(step, status="skipped", reason=step.skip), state
     started = time.perf_counter()
     upstream = {}
     for dep in impl.depends_on(step.config):
@@ -662,15 +686,15 @@ def _run_step(
             else (lambda *_: None)
         ),
     )
-    key = cache_key(
+    key = identify(
+        step.name,
+        impl,
+        step.options,
+        target=plan.target,
+        contract=comp.contract,
+        seed=plan.recipe.seed,
         input=state.digest,
-        reference=state.reference_digest if impl.uses_reference else None,
-        pass_name=step.name,
-        pass_version=impl.version,
-        pass_code=code_digest(type(impl)),
-        options=step.options,
-        target=[plan.target.device, plan.target.precision] if impl.target_dependent else None,
-        contract=contract_key(comp) if impl.uses_contract else None,
+        reference=state.reference_digest,
         # Upstream feeds depend on its model, its I/O contract and its calibration source.
         upstream={
             n: {
@@ -682,9 +706,8 @@ def _run_step(
             for n, u in upstream.items()
         },
         extra=impl.key_material(step.config, ctx),
-        seed=plan.recipe.seed,
-    )
-    record["cache_key"] = key
+    ).key()
+    estimate_mb: int | None = None
     entry = cache.get_or_claim(key)  # a key another process is computing: wait, read
     if entry is not None:
         status, metrics = "cached", entry.result.get("metrics", {})
@@ -699,7 +722,7 @@ def _run_step(
             if estimate is not None:
                 from winml_recipes.engine.budget import check_fits
 
-                record["memory_estimate_mb"] = round(estimate.mb)
+                estimate_mb = round(estimate.mb)
                 check_fits(estimate, budget_mb, step_where(plan, comp, step))
         out = work / "out"
         out.mkdir(parents=True)
@@ -743,23 +766,28 @@ def _run_step(
         shutil.rmtree(work / "scratch", ignore_errors=True)
     if metrics.get("skipped"):
         status = "skipped"
-        record["reason"] = metrics["skipped"]
     from winml_recipes.runtime.memory import peak_rss_mb
 
-    record |= {
-        "status": status,
-        "wall_seconds": round(time.perf_counter() - started, 4),
+    record = _step_record(
+        step,
+        cache_key=key,
+        memory_estimate_mb=estimate_mb,
+        status=status,
+        reason=metrics.get("skipped") or None,
+        wall_seconds=round(time.perf_counter() - started, 4),
         # the process's peak so far: the step that raises it is the one that needed it
-        "peak_rss_mb": peak_rss_mb(),
-        "input_sha256": state.digest,
-        "output_sha256": out_digest,
-        "metrics": metrics,
-    }
+        peak_rss_mb=peak_rss_mb(),
+        input_sha256=state.digest,
+        output_sha256=out_digest,
+        metrics=metrics,
+        artifacts=tuple(
+            ArtifactRecord(name=p.name, size_bytes=p.stat().st_size, sha256=_sha(p))
+            for p in artifacts
+        )
+        or None,
+    )
     after = state.after(out_model, out_digest, impl.produces_reference)
     if artifacts:
-        record["artifacts"] = [
-            {"name": p.name, "size_bytes": p.stat().st_size, "sha256": _sha(p)} for p in artifacts
-        ]
         after = replace(after, artifacts=tuple(artifacts), ship_model=ship_model)
     return record, after
 
@@ -777,15 +805,6 @@ def _estimate(
         {n: (u.for_calibration()[0], u.contract) for n, u in upstream.items()},
     )
     return impl.estimate_memory(state.model, step.config, inputs)
-
-
-def contract_key(comp: ComponentPlan | IOContract) -> Any:
-    c = comp.contract if isinstance(comp, ComponentPlan) else comp
-    return {
-        "inputs": [vars(s) for s in c.inputs],
-        "outputs": [vars(s) for s in c.outputs],
-        "dims": dict(sorted(c.dims.items())),
-    }
 
 
 def _copy_model(src: Path, dst: Path) -> None:
@@ -822,25 +841,25 @@ def _write_graph_digest(model_path: Path, out: Path) -> None:
     out.write_text(yaml.safe_dump(graph_digest(load_model(model_path)), sort_keys=False))
 
 
-def _manifest(plan: Plan, components: dict[str, Any], wall: float) -> dict[str, Any]:
+def _manifest(plan: Plan, components: dict[str, ComponentRecord], wall: float) -> Manifest:
     r = plan.recipe
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "tool": {"name": "winml-recipes", "version": winml_recipes.__version__},
-        "versions": library_versions(),
-        "recipe": {
-            "name": r.name,
-            "path": str(r.path),
-            "sha256": r.sha256,
-            "rendered": r.rendered,
-            "variables": r.variables,
-        },
-        "model": r.model,
+    return Manifest(
+        schema_version=SCHEMA_VERSION,
+        tool=ToolRecord(name="winml-recipes", version=winml_recipes.__version__),
+        versions=library_versions(),
+        recipe=RecipeRecord(
+            name=r.name,
+            path=str(r.path),
+            sha256=r.sha256,
+            rendered=r.rendered,
+            variables=r.variables,
+        ),
+        model=r.model,
         # the catalog entry (task, I/O contracts, image preprocessing): `run` and the report
         # read it from here, also for `build --onnx`, whose generated catalog is deleted
-        "catalog": r.catalog.data,
-        **({"source": r.source} if r.source else {}),
-        "target": {"device": plan.target.device, "precision": plan.target.precision},
-        "wall_seconds": round(wall, 3),
-        "components": components,
-    }
+        catalog=r.catalog.data,
+        source=r.source or None,
+        target=TargetRecord(device=plan.target.device, precision=plan.target.precision),
+        wall_seconds=round(wall, 3),
+        components=components,
+    )

@@ -31,6 +31,7 @@ from winml_recipes.engine.plan import Plan
 from winml_recipes.exec.keys import plan_fingerprint, plan_keys
 from winml_recipes.exec.task import FAILED, NOT_RUN, OK, TargetOutcome, TargetTask, not_run
 from winml_recipes.exec.work import AssembleTask, StepsTask, TaskResult, assemble, run_steps_task
+from winml_recipes.sdk.records import StepRecord
 
 WAITING, RUNNING = "waiting", "running"
 STOPPED = "not started: an earlier target failed (--keep-going builds every target)"
@@ -293,7 +294,7 @@ class TaskGraph:
             return result.error, None, {}
         chains: dict[str, tuple[list[dict[str, Any]], Any]] = {}
         for comp, ids in self.nodes[f"assemble:{index}"].chains.items():
-            records: list[dict[str, Any]] = []
+            records: list[StepRecord] = []
             state = None
             for node_id in ids:
                 node = self.nodes[node_id]

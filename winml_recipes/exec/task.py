@@ -107,21 +107,22 @@ def as_winml_error(exc: Exception) -> WinmlError:
 
 def key_metrics(manifest: dict[str, Any]) -> dict[str, Any]:
     """What a summary row shows: size shipped, the lowest verified SQNR, steps run/cached."""
-    size = sum(c["artifact"]["size_bytes"] for c in manifest["components"].values()
-               if "artifact" in c)  # fmt: skip
+    from winml_recipes.sdk.records import Manifest
+
+    m = Manifest.from_json(manifest)
+    size = sum(c.artifact.size_bytes for c in m.components.values() if c.artifact is not None)
     sqnrs = [
         met["sqnr_db"]
-        for c in manifest["components"].values()
-        for s in c["steps"]
-        if s["pass"] == "verify"
-        for met in (s.get("metrics", {}).get("outputs") or {}).values()
+        for _, s in m.steps()
+        if s.verified
+        for met in (s.measured.get("outputs") or {}).values()
         if isinstance(met, dict) and met.get("sqnr_db") is not None
     ]
-    statuses = [s["status"] for c in manifest["components"].values() for s in c["steps"]]
+    statuses = [s.status for _, s in m.steps()]
     return {
         "size_mb": round(size / 1e6, 3),
         "min_sqnr_db": round(min(sqnrs), 2) if sqnrs else None,
         "steps_ran": statuses.count("ran"),
         "steps_cached": statuses.count("cached"),
-        "build_seconds": manifest["wall_seconds"],
+        "build_seconds": m.wall_seconds,
     }

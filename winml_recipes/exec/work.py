@@ -29,6 +29,7 @@ from winml_recipes.exec.task import (
     key_metrics,
 )
 from winml_recipes.sdk.errors import WinmlError
+from winml_recipes.sdk.records import StepRecord
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class AssembleTask:
     built from the steps' records."""
 
     spec: TargetTask
-    chains: dict[str, tuple[list[dict[str, Any]], ChainState | None]]  # None: no steps
+    chains: dict[str, tuple[list[StepRecord], ChainState | None]]  # None: no steps
     started_at: float  # when the target's first task started (the manifest's wall time)
     fingerprint: str
     raise_errors: bool = False
@@ -62,7 +63,7 @@ class AssembleTask:
 class TaskResult:
     status: str  # ok, failed
     # failed steps task: the records up to the failed step's, and the state before it
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[StepRecord] = field(default_factory=list)
     state: ChainState | None = None
     outcome: TargetOutcome | None = None  # assemble: the target's outcome
     error: str | None = None
@@ -92,7 +93,7 @@ class StepTracker(Reporter):
     ) -> None:
         self.inner.step_progress(component, step, what, done, total)
 
-    def step_finished(self, component: str, step: PlannedStep, record: dict[str, Any]) -> None:
+    def step_finished(self, component: str, step: PlannedStep, record: StepRecord) -> None:
         self.current = None
         self.inner.step_finished(component, step, record)
 
@@ -277,7 +278,7 @@ def assemble(task: AssembleTask) -> TaskResult:
 def keep_failed_evidence(
     spec: TargetTask,
     plan: Plan,
-    chains: dict[str, tuple[list[dict[str, Any]], ChainState | None]],
+    chains: dict[str, tuple[list[StepRecord], ChainState | None]],
     error: str,
     wall: float,
 ) -> str | None:

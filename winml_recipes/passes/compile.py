@@ -54,26 +54,30 @@ class CompilePass(Pass[CompileConfig]):
     uses_contract = True
 
     def skip_reason(self, facts: ModelFacts, config: CompileConfig, target: Target) -> str | None:
-        from winml_recipes.runtime.providers import provider_for
+        from winml_recipes.sdk.runtime import provider_for
 
         if provider_for(target).is_cpu:
             return "the target's execution provider is the CPU EP: nothing to compile"
         return None
 
     def key_material(self, config: CompileConfig, ctx: StepContext) -> Any:
-        from winml_recipes.runtime.providers import identity, provider_for
+        from winml_recipes.sdk.runtime import identity, provider_for
 
         return {"execution_provider": identity(provider_for(ctx.target).key)}
 
     def run(
         self, src: Path | None, out_dir: Path, config: CompileConfig, ctx: StepContext
     ) -> StepResult:
-        from winml_recipes.feeds import synthetic, take
-        from winml_recipes.onnx.metrics import compare_runs
-        from winml_recipes.runtime.bisect import explain
-        from winml_recipes.runtime.epcontext import compile_epcontext
-        from winml_recipes.runtime.providers import availability, identity, provider_for
-        from winml_recipes.runtime.sessions import open_session
+        from winml_recipes.sdk.runtime import (
+            availability,
+            compare_runs,
+            compile_epcontext,
+            explain,
+            identity,
+            open_session,
+            provider_for,
+        )
+        from winml_recipes.sdk.samples import synthetic, take
 
         assert src is not None
         ep = provider_for(ctx.target)

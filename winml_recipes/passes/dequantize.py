@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from winml_recipes.engine.budget import RewritesGraph
+from winml_recipes.sdk.memory import RewritesGraph
 from winml_recipes.sdk.passes import Pass, model_file, register
 from winml_recipes.sdk.target import Target
 from winml_recipes.sdk.types import ModelFacts, StepContext, StepResult
@@ -51,8 +51,8 @@ class DequantizePass(RewritesGraph, Pass[DequantizeConfig]):
     def run(
         self, src: Path | None, out_dir: Path, config: DequantizeConfig, ctx: StepContext
     ) -> StepResult:
-        from winml_recipes.onnx.io import load_model, save_model
         from winml_recipes.quant.dequantize import dequantize_model
+        from winml_recipes.sdk.models import load_model, save_model
 
         assert src is not None
         model, report = dequantize_model(load_model(src))

@@ -6,9 +6,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from winml_recipes import __version__
 from winml_recipes.sdk.config import option
 from winml_recipes.sdk.errors import PassError
+from winml_recipes.sdk.models import TOOL_VERSION as __version__
 from winml_recipes.sdk.passes import Pass, model_file, register
 from winml_recipes.sdk.target import Target
 from winml_recipes.sdk.types import ModelFacts, StepContext, StepResult
@@ -49,8 +49,7 @@ class ExportPass(Pass[ExportConfig]):
         self, src: Path | None, out_dir: Path, config: ExportConfig, ctx: StepContext
     ) -> StepResult:
         from winml_recipes.exporters import ExportRequest, export_with_parity
-        from winml_recipes.onnx.io import save_model
-        from winml_recipes.onnx.stamp import write_stamp
+        from winml_recipes.sdk.models import save_model, write_stamp
 
         spec = ctx.source.export
         if spec is None:

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from winml_recipes.engine.budget import RewritesGraph
 from winml_recipes.sdk.config import Schema, option
 from winml_recipes.sdk.errors import PassError
+from winml_recipes.sdk.memory import RewritesGraph
 from winml_recipes.sdk.passes import Pass, model_file, register
 from winml_recipes.sdk.target import Target
 from winml_recipes.sdk.types import ModelFacts, StepContext, StepResult
@@ -44,7 +44,7 @@ class FixShapesPass(RewritesGraph, Pass[FixShapesConfig]):
         import onnx
         from onnxruntime.tools.onnx_model_utils import make_dim_param_fixed
 
-        from winml_recipes.onnx.io import load_model, save_model
+        from winml_recipes.sdk.models import load_model, save_model
 
         assert src is not None
         model = load_model(src)
@@ -84,8 +84,8 @@ def _dims_by_position(model, ctx: StepContext, values: dict[str, int]) -> dict[s
     catalog says what each position of each input is (an int, or a named dim with a value),
     so names need not agree. Two positions giving one model dim different values is an error.
     """
-    from winml_recipes.onnx.inputs import names_one_dim
     from winml_recipes.sdk.contract import resolve_shape
+    from winml_recipes.sdk.models import names_one_dim
 
     out: dict[str, int] = {}
     for vi in model.graph.input:

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from winml_recipes import __version__
-from winml_recipes.engine.budget import RewritesGraph
 from winml_recipes.sdk.config import option
+from winml_recipes.sdk.memory import RewritesGraph
+from winml_recipes.sdk.models import TOOL_VERSION as __version__
 from winml_recipes.sdk.passes import Pass, model_file, register
 from winml_recipes.sdk.target import Target
 from winml_recipes.sdk.types import ModelFacts, StepContext, StepResult
@@ -49,10 +49,13 @@ class NormalizePass(RewritesGraph, Pass[NormalizeConfig]):
     def run(
         self, src: Path | None, out_dir: Path, config: NormalizeConfig, ctx: StepContext
     ) -> StepResult:
-        from winml_recipes.onnx.digest import graph_digest
-        from winml_recipes.onnx.io import load_model, save_model
-        from winml_recipes.onnx.names import name_nodes
-        from winml_recipes.onnx.stamp import write_stamp
+        from winml_recipes.sdk.models import (
+            graph_digest,
+            load_model,
+            name_nodes,
+            save_model,
+            write_stamp,
+        )
 
         assert src is not None
         source = load_model(src, load_external_data=False)
@@ -126,8 +129,8 @@ def _ort_basic(src: Path, scratch: Path):
     ORT writes the optimized graph for us (no rewrite of its optimizer here); external data
     is written to a fresh sidecar in scratch so the original sidecar is never referenced.
     """
-    from winml_recipes.onnx.io import load_model
-    from winml_recipes.runtime.sessions import optimize_offline
+    from winml_recipes.sdk.models import load_model
+    from winml_recipes.sdk.runtime import optimize_offline
 
     def configure(opts) -> None:
         opts.add_session_config_entry(
@@ -219,7 +222,7 @@ def _onnxscript(src: Path):
     import onnx_ir as ir
     import onnxscript.optimizer
 
-    from winml_recipes.onnx.io import load_model
+    from winml_recipes.sdk.models import load_model
 
     model = ir.from_proto(load_model(src))
     onnxscript.optimizer.optimize(model)

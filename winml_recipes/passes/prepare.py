@@ -73,7 +73,7 @@ class PreparePass(Pass[PrepareConfig]):
     def estimate_memory(
         self, src: Path, config: PrepareConfig, inputs: EstimateInputs
     ) -> MemoryEstimate | None:
-        from winml_recipes.engine.budget import forward_estimate, larger, rewrite_estimate
+        from winml_recipes.sdk.memory import forward_estimate, larger, rewrite_estimate
 
         phases = [rewrite_estimate(src, self.name)]
         if config.check_samples:
@@ -84,7 +84,7 @@ class PreparePass(Pass[PrepareConfig]):
         self, src: Path | None, out_dir: Path, config: PrepareConfig, ctx: StepContext
     ) -> StepResult:
         from winml_recipes.graph.pipeline import STAGES, prepare
-        from winml_recipes.onnx.io import load_model, save_model
+        from winml_recipes.sdk.models import load_model, save_model
 
         assert src is not None
         source = load_model(src)
@@ -118,7 +118,7 @@ class PreparePass(Pass[PrepareConfig]):
 
 def _feeds(model: onnx.ModelProto, ctx: StepContext, config: PrepareConfig) -> list:
     """Seeded inputs from the contract, shaped as the model's (static) inputs are."""
-    from winml_recipes.onnx.inputs import make_inputs, specs_from_model
+    from winml_recipes.sdk.models import make_inputs, specs_from_model
 
     specs, dims = specs_from_model(model)
     by_name = {s.name: s for s in ctx.contract.inputs}
@@ -131,7 +131,7 @@ def _feeds(model: onnx.ModelProto, ctx: StepContext, config: PrepareConfig) -> l
 
 def _difference(src: Path, out: Path, feeds: list, ctx: StepContext) -> str | None:
     from winml_recipes.graph.exactness import first_difference
-    from winml_recipes.onnx.runtime import run_model
+    from winml_recipes.sdk.runtime import run_reference as run_model
 
     return first_difference(run_model(src, feeds), run_model(out, feeds))
 
@@ -141,7 +141,7 @@ def _culprit(
 ) -> str:
     """The first stage whose output (with the stages before it) is not exact."""
     from winml_recipes.graph.pipeline import STAGES, prepare
-    from winml_recipes.onnx.io import save_model
+    from winml_recipes.sdk.models import save_model
 
     chosen = [s for s in STAGES if s in config.stages]
     for k in range(1, len(chosen) + 1):

@@ -11,9 +11,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from winml_recipes.presets import precisions_of_kind
 from winml_recipes.quant.config import MixedAuto, QuantConfig, QuantizeOptions, resolve
 from winml_recipes.sdk.passes import Pass, check_component, model_file, register
+from winml_recipes.sdk.presets import precisions_of_kind
 from winml_recipes.sdk.target import Target
 from winml_recipes.sdk.types import DataRead, ModelFacts, PlanContext, StepContext, StepResult
 
@@ -45,15 +45,15 @@ class QuantizePass(Pass[QuantizeOptions]):
         if cal is not None and cal.inputs_from:
             check_component(cal.inputs_from, ctx, "quantize.calibration.inputs_from")
         if cal is not None and cal.npz:
-            from winml_recipes.feeds import check_npz, npz_files
+            from winml_recipes.sdk.samples import check_npz, npz_files
 
             check_npz(npz_files(cal.npz, ctx.recipe_dir), ctx.contract)
         if cal is not None and cal.images:
-            from winml_recipes.feeds import image_files
+            from winml_recipes.sdk.samples import image_files
 
             image_files(cal.images, ctx.recipe_dir)
         if cal is not None and cal.dataset:
-            from winml_recipes.hfdata import check_split, open_split
+            from winml_recipes.sdk.samples import check_split, open_split
 
             check_split(open_split(cal.dataset, ctx.recipe_dir), ctx.contract)
 
@@ -75,9 +75,9 @@ class QuantizePass(Pass[QuantizeOptions]):
         return (cal.inputs_from,) if cal is not None and cal.inputs_from else ()
 
     def key_material(self, config: QuantizeOptions, ctx: StepContext) -> Any:
-        from winml_recipes.feeds import upstream_data_digest
-        from winml_recipes.presets import device_settings, precision_settings
-        from winml_recipes.runtime.providers import identity, provider_for
+        from winml_recipes.sdk.presets import device_settings, precision_settings
+        from winml_recipes.sdk.runtime import identity, provider_for
+        from winml_recipes.sdk.samples import upstream_data_digest
 
         data = upstream_data_digest(calibration_options(config), ctx.upstream, ctx.recipe_dir)
         # what the presets fill in (per_channel, types) is not in the step's options
@@ -94,13 +94,13 @@ class QuantizePass(Pass[QuantizeOptions]):
     def estimate_memory(
         self, src: Path, config: QuantizeOptions, inputs: EstimateInputs
     ) -> MemoryEstimate | None:
-        from winml_recipes.engine.budget import (
+        from winml_recipes.sdk.estimates import MemoryEstimate
+        from winml_recipes.sdk.memory import (
             RUNTIME_MB,
             forward_estimate,
             larger,
             rewrite_estimate,
         )
-        from winml_recipes.sdk.estimates import MemoryEstimate
 
         cfg = resolve(config, inputs.target)
         insertion = rewrite_estimate(src, "QDQ insertion", INSERTION_WEIGHT_FACTOR)
@@ -139,8 +139,8 @@ class QuantizePass(Pass[QuantizeOptions]):
     def run(
         self, src: Path | None, out_dir: Path, config: QuantizeOptions, ctx: StepContext
     ) -> StepResult:
-        from winml_recipes.onnx.io import load_model
         from winml_recipes.quant.ort import quantizable_op_types
+        from winml_recipes.sdk.models import load_model
 
         assert src is not None
         cfg = resolve(config, ctx.target)
@@ -165,9 +165,9 @@ def _excluded(model, cfg: QuantConfig) -> list[str]:
 
 
 def _dynamic(src: Path, out: Path, cfg: QuantConfig, exclude: list[str]) -> StepResult:
-    from winml_recipes.onnx.io import load_model
     from winml_recipes.quant.ort import quantize_dynamic_integer
     from winml_recipes.quant.report import quantization_report
+    from winml_recipes.sdk.models import load_model
 
     started = time.perf_counter()
     quantize_dynamic_integer(src, out, cfg, exclude)
@@ -179,8 +179,6 @@ def _dynamic(src: Path, out: Path, cfg: QuantConfig, exclude: list[str]) -> Step
 def _static(
     src: Path, out: Path, cfg: QuantConfig, exclude: list[str], ctx: StepContext
 ) -> StepResult:
-    from winml_recipes.feeds import UpstreamFeeds, describe_source, feeds_for
-    from winml_recipes.onnx.io import load_model
     from winml_recipes.quant.calibrate import (
         CalibrationSettings,
         calibrate,
@@ -190,6 +188,8 @@ def _static(
     from winml_recipes.quant.mixed import compile_regions
     from winml_recipes.quant.ort import quantize_static_qdq
     from winml_recipes.quant.report import quantization_report
+    from winml_recipes.sdk.models import load_model
+    from winml_recipes.sdk.samples import UpstreamFeeds, describe_source, feeds_for
 
     cal = cfg.calibration
     assert cal is not None
@@ -208,15 +208,15 @@ def _static(
     model = load_model(src)
     upgraded = _upgrade_opset(model, cfg)
     if upgraded is not None:
-        from winml_recipes.onnx.io import save_model
+        from winml_recipes.sdk.models import save_model
 
         model = upgraded
         src = save_model(model, ctx.work_dir / "opset-upgraded" / "model.onnx")
     dropped: list[str] = []
     rewrites: dict[str, int] = {}
     if cfg.qnn:
-        from winml_recipes.onnx.io import save_model
         from winml_recipes.quant.qnn_rules import drop_zero_constant_adds, simplify_for_htp
+        from winml_recipes.sdk.models import save_model
 
         rewrites = simplify_for_htp(model)
         dropped = drop_zero_constant_adds(model)
@@ -235,7 +235,7 @@ def _static(
     counted = _Counted(feeds, lambda seen: ctx.progress("calibration samples", seen, cal.samples))
     keep = None
     if ctx.store is not None and ctx.feeds_downstream:
-        from winml_recipes.feeds import store_outputs
+        from winml_recipes.sdk.samples import store_outputs
 
         store = ctx.store
 
@@ -259,11 +259,11 @@ def _static(
     calibration_seconds = time.perf_counter() - started
     unseen: list[str] = []
     if sentinels or cfg.qnn:
-        from winml_recipes.onnx.io import save_model
         from winml_recipes.quant.calibrate import (
             replace_sentinel_constants,
             replace_unseen_sentinels,
         )
+        from winml_recipes.sdk.models import save_model
 
         changed = bool(sentinels) and bool(replace_sentinel_constants(model, sentinels))
         if cfg.qnn:
@@ -400,8 +400,8 @@ def _upgrade_opset(model, cfg: QuantConfig):
     """
     from onnx import version_converter
 
-    from winml_recipes.onnx.lightview import light_view, with_weights
     from winml_recipes.sdk.errors import PassError
+    from winml_recipes.sdk.models import light_view, with_weights
 
     current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     needed = _required_opset(cfg)
@@ -454,7 +454,7 @@ def calibration_options(config: QuantizeOptions) -> dict[str, Any] | None:
 
 
 def _held_out_name(own: dict[str, Any], cal: dict[str, Any], seed: int, contract) -> str:
-    from winml_recipes.feeds import describe_source
+    from winml_recipes.sdk.samples import describe_source
 
     if own:
         return describe_source(own, contract, held_out=True)

@@ -148,7 +148,7 @@ class VerifyPass(Pass[VerifyConfig]):
     def estimate_memory(
         self, src: Path, config: VerifyConfig, inputs: EstimateInputs
     ) -> MemoryEstimate | None:
-        from winml_recipes.engine.budget import forward_estimate, larger
+        from winml_recipes.sdk.memory import forward_estimate, larger
 
         # Upstream, reference and candidate sessions run one after another.
         phases = [forward_estimate(src, inputs.contract, "candidate forward")]
@@ -185,21 +185,21 @@ class VerifyPass(Pass[VerifyConfig]):
         if len(chosen) > 1:
             raise PlanError(f"verify: {' and '.join(chosen)} are two data sources; keep one")
         if config.npz:
-            from winml_recipes.feeds import check_npz, npz_files
+            from winml_recipes.sdk.samples import check_npz, npz_files
 
             check_npz(npz_files(config.npz, ctx.recipe_dir), ctx.contract)
         if config.images:
-            from winml_recipes.feeds import image_files
+            from winml_recipes.sdk.samples import image_files
 
             image_files(config.images, ctx.recipe_dir)
         if config.dataset:
-            from winml_recipes.hfdata import check_split, open_split
+            from winml_recipes.sdk.samples import check_split, open_split
 
             check_split(open_split(config.dataset, ctx.recipe_dir), ctx.contract)
 
     def key_material(self, config: VerifyConfig, ctx: StepContext) -> Any:
-        from winml_recipes.feeds import upstream_data_digest
-        from winml_recipes.runtime.providers import identity, provider_for
+        from winml_recipes.sdk.runtime import identity, provider_for
+        from winml_recipes.sdk.samples import upstream_data_digest
 
         source = _data_source(config)
         # A result measured on the CPU simulation must not be served once the EP loads.
@@ -229,7 +229,8 @@ class VerifyPass(Pass[VerifyConfig]):
     def run(
         self, src: Path | None, out_dir: Path, config: VerifyConfig, ctx: StepContext
     ) -> StepResult:
-        from winml_recipes.feeds import (
+        from winml_recipes.sdk.runtime import compare_runs, run_model
+        from winml_recipes.sdk.samples import (
             UpstreamFeeds,
             bundled_image_input,
             describe_source,
@@ -237,8 +238,6 @@ class VerifyPass(Pass[VerifyConfig]):
             outputs_for,
             take,
         )
-        from winml_recipes.onnx.metrics import compare_runs
-        from winml_recipes.runtime.sessions import run_model
 
         assert src is not None
         if ctx.reference is None:
@@ -336,10 +335,8 @@ def _run_or_bisect(
     """The candidate's run on the target. A session the EP cannot finalize (no node named)
     is bisected to the smallest failing region; with CPU fallback allowed, the region's op
     types are then kept on the CPU when that loads (recorded), else the error names them."""
-    from winml_recipes.runtime.bisect import OP_AFFINITY, explain
-    from winml_recipes.runtime.providers import provider_for
-    from winml_recipes.runtime.target import run_on_target
     from winml_recipes.sdk.errors import ExecutionProviderError
+    from winml_recipes.sdk.runtime import OP_AFFINITY, explain, provider_for, run_on_target
 
     samples = len(feeds)
 
@@ -375,7 +372,7 @@ def _run_or_bisect(
 def _runs_on_cpu(device: str, config: VerifyConfig) -> bool:
     """Whether the candidate would run on the CPU EP, like the reference (an unchanged
     model on the NPU's EP is still a real comparison: other arithmetic)."""
-    from winml_recipes.runtime.providers import availability, provider_for_device
+    from winml_recipes.sdk.runtime import availability, provider_for_device
 
     ep = provider_for_device(device)
     if ep.is_cpu or not config.on_target:

@@ -1,0 +1,145 @@
+"""What the console says about a build, from its typed manifest records.
+
+Each line follows from what a step's record holds (a calibration source, where it was
+verified, gates, torch parity, compiled artifacts, a skip reason), never from the name of
+the pass that wrote it: a third-party pass that records the same facts is shown alike.
+cli.py parses arguments and prints these lines.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from winml_recipes.sdk.errors import WinmlError
+from winml_recipes.sdk.gates import Gate
+from winml_recipes.sdk.records import Manifest, StepRecord
+
+
+def summary_lines(manifest: Manifest, output_dir: Path | str) -> list[str]:
+    """The summary of a successful build: per component its size, steps and what they
+    measured; then where the deployable files are and what to run next."""
+    m = manifest
+    lines = [
+        f"built {m.recipe.name} for {m.target.device}/{m.target.precision}"
+        f" in {m.wall_seconds or 0:.1f}s -> {output_dir}"
+    ]
+    for name, comp in m.components.items():
+        statuses = " ".join(f"{s.pass_name}:{s.status}" for s in comp.steps)
+        size = (comp.artifact.size_bytes if comp.artifact else 0) / 1e6
+        lines.append(f"  {name}: {size:.2f} MB  [{statuses}]")
+        for s in comp.steps:
+            lines += [f"    {line}" for line in step_lines(s)]
+    return lines + next_lines(output_dir)
+
+
+def step_lines(s: StepRecord) -> list[str]:
+    """What one step's record says worth a line (its metrics, its skip reason)."""
+    metrics = s.measured
+    out = []
+    if metrics.get("calibration_source"):
+        out.append(f"calibrated on {data_line(metrics, 'calibration')}")
+    if metrics.get("verified_on"):
+        out.append(f"verified on {where_verified(metrics)}")
+        out.append(f"verified with {data_line(metrics, 'verify')}")
+        if metrics.get("calibration_overlap_allowed"):
+            out.append(
+                "warning: verified on data that may hold calibration samples "
+                "(allow_calibration_overlap): unseen data may do worse"
+            )
+        if metrics.get("data_capped"):
+            out.append(f"note: {metrics['data_capped']}")
+    if "compiled_vs_uncompiled" in metrics and s.status != "skipped":
+        agree = metrics["compiled_vs_uncompiled"] or {}
+        same = "bit-exact" if agree.get("bit_exact") else f"max_abs {agree.get('max_abs')}"
+        names = ", ".join(a.name for a in s.artifacts or ())
+        out.append(f"compiled: {names} ({same} vs the uncompiled model on the EP)")
+    parity = metrics.get("torch_parity")
+    if parity:
+        worst = min(p["sqnr_db"] for p in parity.values())
+        out.append(f"export matches torch: SQNR >= {worst:.1f} dB on every output")
+    if s.status == "skipped":  # every skip says why, on a terminal or not
+        out.append(f"{s.pass_name} skipped: {s.reason or ''}")
+    if s.verified and metrics.get("task_metric"):
+        out.append(task_line(metrics["task_metric"], s.gates))
+    if s.verified:
+        out += [output_line(o, met, s.gates) for o, met in (metrics.get("outputs") or {}).items()]
+    return out
+
+
+def next_lines(output_dir: Path | str) -> list[str]:
+    """Where the deployable files are, and the commands that run and time them."""
+    from winml_recipes.buildfolder import open_build
+
+    try:
+        build = open_build(output_dir)
+    except WinmlError:
+        return []
+    folder = Path(output_dir)
+    files = [c.deployable.relative_to(folder).as_posix() for c in build.components]
+    inputs = {s.name: s for c in build.components for s in c.inputs}
+    if any(s.image is not None for s in inputs.values()):
+        data = "--image PHOTO.jpg" + (" --point X,Y" if "input_points" in inputs else "")
+    else:
+        data = "--npz INPUTS.npz"
+    where = quoted(str(folder))
+    return [
+        f"deploy: {', '.join(files)} (in {where}, with the files beside them)",
+        f"next: winml-recipes run {where} {data}; winml-recipes perf {where}",
+    ]
+
+
+def quoted(path: str) -> str:
+    return f'"{path}"' if " " in path else path
+
+
+def task_line(task: dict[str, Any], gates: list[Gate]) -> str:
+    """The task metric's values, each gated one with its verdict."""
+    held = {g.metric: g for g in gates if g.output == "task"}
+    parts = [
+        held[k].line(with_output=False) if k in held else f"{k} {v:.4g}"
+        for k, v in task["values"].items()
+    ]
+    return f"{task['task']} ({task['metric']}): " + ", ".join(parts)
+
+
+def output_line(output: str, metrics: dict[str, Any], gates: list[Gate]) -> str:
+    """One output's metrics, each gated one with its threshold, margin and verdict."""
+    held = {g.metric: g for g in gates if g.output == output}
+    kind = next((g.kind for g in held.values() if g.kind), None)
+    shown = {
+        "sqnr_db": f"SQNR {metrics['sqnr_db']:.1f} dB",
+        "cosine": f"cosine {metrics['cosine']:.5f}",
+        "max_abs": f"max_abs {metrics['max_abs']:.3g}",
+    }
+    if "decision_iou" in held:
+        shown["decision_iou"] = ""
+    parts = [held[m].line(with_output=False) if m in held else text for m, text in shown.items()]
+    return f"{output}{f' ({kind})' if kind else ''}: " + ", ".join(parts)
+
+
+def data_line(metrics: dict[str, Any], step: str) -> str:
+    """What the samples were: `npz: calib.npz (16 samples)`, or synthetic and what that means."""
+    if step == "calibration":
+        source, count = metrics["calibration_source"], metrics.get("calibration_samples")
+    else:
+        source = metrics.get("data_source") or "synthetic (seeded)"
+        count = metrics.get("data_samples", metrics.get("samples"))
+    text = f"{source} ({count} samples)"
+    if source.startswith("synthetic"):
+        text += ": quality on real data unknown"
+    return text
+
+
+def where_verified(metrics: dict[str, Any]) -> str:
+    """The EP (with its library versions and node placement) the outputs were measured on."""
+    ep = metrics.get("execution_provider", {})
+    where = metrics["verified_on"]
+    if where == "cpu-simulation":
+        if ep.get("available"):
+            return f"cpu-simulation: {ep.get('reason')}"
+        return f"cpu-simulation: {ep.get('provider')} is not available here ({ep.get('reason')})"
+    versions = ", ".join(f"{k} {v}" for k, v in ep.get("versions", {}).items())
+    nodes = metrics.get("placement", {}).get("nodes", {})
+    placed = ", ".join(f"{k} {v} nodes" for k, v in nodes.items())
+    return f"{where} ({versions})" + (f": {placed}" if placed else "")

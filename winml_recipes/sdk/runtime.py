@@ -1,0 +1,75 @@
+"""Sessions on a target for passes: the target's execution provider (its identity,
+availability, options), sessions on it, runs on the target with placement and fallback,
+EPContext compilation, bisection of what an EP refuses, the CPU EP's reference run and
+output comparison metrics.
+
+A facade over runtime/*.py and onnx/runtime.py, onnx/metrics.py (see sdk/models.py for
+why passes import from here).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names, for type checkers and editors
+    from winml_recipes.onnx.metrics import compare_runs
+    from winml_recipes.onnx.runtime import run_model as run_reference
+    from winml_recipes.runtime.bisect import OP_AFFINITY, explain
+    from winml_recipes.runtime.epcontext import compile_epcontext
+    from winml_recipes.runtime.providers import (
+        availability,
+        identity,
+        provider_for,
+        provider_for_device,
+    )
+    from winml_recipes.runtime.sessions import open_session, optimize_offline, run_model
+    from winml_recipes.runtime.target import run_on_target
+
+__all__ = [
+    "OP_AFFINITY",
+    "availability",
+    "compare_runs",
+    "compile_epcontext",
+    "explain",
+    "identity",
+    "open_session",
+    "optimize_offline",
+    "provider_for",
+    "provider_for_device",
+    "run_model",
+    "run_on_target",
+    "run_reference",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """The implementation of `name`, imported when first asked for."""
+    if name == "compare_runs":
+        from winml_recipes.onnx import metrics as module
+
+        return getattr(module, name)
+    if name == "run_reference":
+        from winml_recipes.onnx.runtime import run_model as run_reference
+
+        return run_reference
+    if name in ("OP_AFFINITY", "explain"):
+        from winml_recipes.runtime import bisect as module
+
+        return getattr(module, name)
+    if name == "compile_epcontext":
+        from winml_recipes.runtime import epcontext as module
+
+        return getattr(module, name)
+    if name in ("availability", "identity", "provider_for", "provider_for_device"):
+        from winml_recipes.runtime import providers as module
+
+        return getattr(module, name)
+    if name in ("open_session", "optimize_offline", "run_model"):
+        from winml_recipes.runtime import sessions as module
+
+        return getattr(module, name)
+    if name == "run_on_target":
+        from winml_recipes.runtime import target as module
+
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
