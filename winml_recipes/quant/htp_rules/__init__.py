@@ -155,8 +155,9 @@ def float_rewrites() -> list[Step]:
             r.ZeroConstantAddToIdentity.rule_name,
             _rules(one(r.ZeroConstantAddToIdentity, "Add", "Sub")),
         ),
+        # (no dead-code pass after: the bypassed zero constants stay initializers, as the
+        # protobuf rewrite left them; quantize drops what no node reads)
         Step(RULE_IDENTITY, _library_pass(common.IdentityEliminationPass())),
-        Step("dead", _library_pass(common.RemoveUnusedNodesPass())),
     ]
 
 
