@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import onnx_ir as ir
+import onnx_ir.passes.common
 
 from winml_recipes.graph.log import RewriteLog
 
@@ -59,6 +60,17 @@ def _rules(*make: Callable[[RewriteLog], list]) -> Callable[[ir.Model, RewriteLo
         return count
 
     return run
+
+
+class _IdentityElimination(ir.passes.common.IdentityEliminationPass):
+    """onnx_ir's IdentityEliminationPass, keeping an Identity that gives a graph output its
+    name (the library renames the producer's value instead: exact, but another graph to
+    quantize; HTP's rewrites have always kept those Identities)."""
+
+    def _try_eliminate_identity_node(self, node: ir.Node) -> bool:
+        if node.op_type == "Identity" and node.outputs and node.outputs[0].is_graph_output():
+            return False
+        return super()._try_eliminate_identity_node(node)
 
 
 def _library_pass(pass_: ir.passes.PassBase, rule: str | None = None):
@@ -114,6 +126,17 @@ def _transposes(log: RewriteLog) -> list:
     from onnxscript.rewriter.rules.common._basic_rules import TransposeTranspose
 
     class Logged(TransposeTranspose):
+        def check(self, context, x, perm1, perm2):
+            result = super().check(context, x, perm1, perm2)
+            if not result:
+                return result
+            p, q = perm1.as_ints(), perm2.as_ints()
+            if len(p) != len(q) or [p[i] for i in q] != list(range(len(p))):
+                # the library merges any pair into one Transpose: HTP's rule removes only
+                # pairs that cancel (a merged pair is another graph, quantized otherwise)
+                return result.fail("the permutations do not cancel")
+            return result
+
         def rewrite(self, op, x, perm1, perm2):
             log.add(RULE_TRANSPOSES, x.name)
             return super().rewrite(op, x, perm1, perm2)
@@ -133,13 +156,13 @@ def float_rewrites() -> list[Step]:
     return [
         Step("shapes", _shapes),
         Step(RULE_FOLD, _fold_shape_computations),
-        Step(RULE_IDENTITY, _library_pass(common.IdentityEliminationPass(), RULE_IDENTITY)),
+        Step(RULE_IDENTITY, _library_pass(_IdentityElimination(), RULE_IDENTITY)),
         Step("shapes", _shapes),
         Step(r.BatchNormToMulAdd.rule_name, _rules(one(r.BatchNormToMulAdd))),
         Step(r.WhereOfConstantsToArithmetic.rule_name, _rules(one(r.WhereOfConstantsToArithmetic))),
         Step(r.ErfGeluPass.rule_name, lambda m, log: r.ErfGeluPass(log)(m)),
         Step(RULE_TRANSPOSES, _rules(_transposes)),
-        Step(RULE_IDENTITY, _library_pass(common.IdentityEliminationPass())),
+        Step(RULE_IDENTITY, _library_pass(_IdentityElimination())),
         Step(r.ChannelScatterToElementwise.rule_name, _rules(one(r.ChannelScatterToElementwise))),
         Step(
             r.ConstantScatterToArithmetic.rule_name,
@@ -147,7 +170,7 @@ def float_rewrites() -> list[Step]:
         ),
         Step(r.ConstantGatherNDToGather.rule_name, _rules(one(r.ConstantGatherNDToGather))),
         Step("dead", _library_pass(common.RemoveUnusedNodesPass())),
-        Step(RULE_IDENTITY, _library_pass(common.IdentityEliminationPass(), RULE_IDENTITY)),
+        Step(RULE_IDENTITY, _library_pass(_IdentityElimination(), RULE_IDENTITY)),
         Step(r.MergeConstantChain.rule_name, _rules(one(r.MergeConstantChain, *_ELEMENTWISE))),
         Step("dead", _library_pass(common.RemoveUnusedNodesPass())),
         Step("shapes", _shapes),
@@ -157,7 +180,7 @@ def float_rewrites() -> list[Step]:
         ),
         # (no dead-code pass after: the bypassed zero constants stay initializers, as the
         # protobuf rewrite left them; quantize drops what no node reads)
-        Step(RULE_IDENTITY, _library_pass(common.IdentityEliminationPass())),
+        Step(RULE_IDENTITY, _library_pass(_IdentityElimination())),
     ]
 
 
