@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common
 
@@ -26,6 +27,13 @@ _RULE_METADATA = "pkg.onnxscript.rewriter.rule_name"
 RULE_FOLD = "fold_shape_computations"
 RULE_IDENTITY = "identity_elimination"
 RULE_TRANSPOSES = "transpose_pair"
+# Every rule name the float rewrites log (the `prepare` stage's rules).
+RULES = (
+    RULE_FOLD, RULE_IDENTITY, "batchnorm_to_mul_add", "where_of_constants_to_arithmetic",
+    "erf_gelu_to_gelu", RULE_TRANSPOSES, "channel_scatter_to_elementwise",
+    "constant_scatter_to_arithmetic", "constant_gathernd_to_gather", "merge_constant_chain",
+    "zero_constant_add",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -200,6 +208,23 @@ def rewrite(model: ir.Model, steps: list[Step], log: RewriteLog | None = None) -
     for step in steps:
         step.run(model, log)
     return log
+
+
+def fold_nan_guards(proto: onnx.ModelProto) -> list[str]:
+    """Run the QDQ rewrites (NanGuardPass) on a quantized model in place; the Wheres removed.
+
+    The model keeps the value_info onnxruntime's quantizer wrote (an onnx_ir round trip
+    would add every type it knows), so a graph without guards is written byte for byte.
+    """
+    model = ir.from_proto(proto)
+    log = rewrite(model, qdq_rewrites())
+    folded = log.nodes.get("fold_nan_guard", [])
+    if folded:
+        written = ir.to_proto(model)
+        written.graph.ClearField("value_info")
+        written.graph.value_info.extend(proto.graph.value_info)
+        proto.CopyFrom(written)
+    return folded
 
 
 def htp_rule_set() -> dict[str, list[Step]]:

@@ -456,7 +456,8 @@ class ErfGeluPass(ir.passes.InPlacePass):
                 # typed, since onnx's shape inference does not know the op: calibration
                 # ranges (and so quantization) need the output's type
                 new.dtype = out.dtype or ir.DataType.from_numpy(half.dtype)
-                new.shape = out.shape  # a graph output keeps its declared shape
+                if out.is_graph_output():
+                    new.shape = out.shape  # a graph output keeps its declared shape
                 ir.convenience.replace_all_uses_with(out, new, replace_graph_outputs=True)
                 name, out.name = out.name, None
                 new.name = name
