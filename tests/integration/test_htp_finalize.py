@@ -62,7 +62,9 @@ def _build(tmp_path: Path, model: Path, calib: dict, held_out: dict, precision="
     assert verify["verified_on"] == "qnn-htp"
     assert set(verify["placement"]["nodes"]) == {"QNNExecutionProvider"}
     rewrites = steps.get("prepare", {}).get("metrics", {}).get("rewrites", [])
-    quantize = steps["quantize"]["metrics"] | {"prepare_rewrites": {r["rule"] for r in rewrites}}
+    quantize = steps["quantize"]["metrics"] | {
+        "prepare_rewrites": {r["rule"]: r["count"] for r in rewrites}
+    }
     return quantize, verify["outputs"] | {"_verify": verify}
 
 
@@ -131,7 +133,7 @@ def test_scatter_of_a_constant_update(tmp_path: Path) -> None:
     )
     x = {"x": _normal(0, 16, (1, 1, 3, 32))}
     quantize, outputs = _build(tmp_path, model, x, {"x": _normal(1, 4, (1, 1, 3, 32))})
-    assert quantize["htp_rewrites"]["constant_scatters"] == 1
+    assert quantize["prepare_rewrites"]["constant_scatter_to_arithmetic"] == 1
     assert outputs["y"]["sqnr_db"] > 40
 
 
@@ -194,9 +196,9 @@ def test_nan_guard_after_softmax_and_a_gathernd_mask(tmp_path: Path) -> None:
         return {"mask": mask, "x": _normal(seed, n, (1, 8, 16))}
 
     quantize, outputs = _build(tmp_path, model, data(0, 16), data(1, 4))
-    # rewritten once: by prepare (the npu presets), else by quantize's own rule
-    gathernds = quantize["htp_rewrites"]["constant_gathernds"]
-    assert gathernds + ("gathernd_to_gather" in quantize["prepare_rewrites"]) == 1
+    # rewritten once: by prepare's gathernd stage, else by its htp stage's rule
+    done = quantize["prepare_rewrites"]
+    assert done.get("constant_gathernd_to_gather", 0) + done.get("gathernd_to_gather", 0) == 1
     assert outputs["y"]["sqnr_db"] > 30
 
 
@@ -267,9 +269,9 @@ def test_bert_through_init(tmp_path: Path, monkeypatch) -> None:
     quantize = steps["quantize"]["metrics"]
     assert quantize["unseen_sentinel_constants"]
     assert quantize["htp_widened_ranges"]["add_outputs"]
-    prepared = {r["rule"] for r in steps["prepare"]["metrics"].get("rewrites", [])}
-    # the GatherND is rewritten once: by prepare (the npu presets), else by quantize's rule
-    assert quantize["htp_rewrites"]["constant_gathernds"] + ("gathernd_to_gather" in prepared) == 1
+    done = {r["rule"]: r["count"] for r in steps["prepare"]["metrics"].get("rewrites", [])}
+    # the GatherND is rewritten once: by prepare's gathernd stage, else by its htp stage
+    assert done.get("constant_gathernd_to_gather", 0) + done.get("gathernd_to_gather", 0) == 1
     assert steps["verify"]["metrics"]["outputs"]["logits"]["sqnr_db"] > 25
 
 

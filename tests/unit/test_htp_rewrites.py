@@ -1,5 +1,5 @@
-"""The float rewrites made for QNN HTP compute what the graph computed (CPU EP, before and
-after), and leave alone what they cannot rewrite exactly."""
+"""The float rewrites made for QNN HTP (the prepare pass's `htp` stage) compute what the
+graph computed (CPU EP, before and after), and leave alone what they cannot rewrite exactly."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from winml_recipes.quant.qnn_rules import simplify_for_htp
+from winml_recipes.graph.pipeline import prepare
 
 F = TensorProto.FLOAT
 
@@ -25,11 +25,14 @@ def _run(model: onnx.ModelProto, feed: dict) -> np.ndarray:
     return ort.InferenceSession(model.SerializeToString()).run(None, feed)[0]
 
 
-def _same_after(model: onnx.ModelProto, feed: dict, key: str) -> tuple[int, list[str]]:
+def _same_after(model: onnx.ModelProto, feed: dict, rule: str) -> tuple[int, list[str]]:
+    """How many nodes `rule` replaced in the `htp` stage, and the op types after (the
+    prepared model is written into `model`)."""
     before = _run(model, feed)
-    counts = simplify_for_htp(model)
-    np.testing.assert_allclose(_run(model, feed), before, rtol=1e-5, atol=1e-6)
-    return counts[key], [n.op_type for n in model.graph.node]
+    done = prepare(model, ["htp"])
+    np.testing.assert_allclose(_run(done.model, feed), before, rtol=1e-5, atol=1e-6)
+    model.CopyFrom(done.model)
+    return done.log.count(rule), [n.op_type for n in model.graph.node]
 
 
 def test_batchnorm_on_a_sequence_becomes_mul_add() -> None:
@@ -48,7 +51,7 @@ def test_batchnorm_on_a_sequence_becomes_mul_add() -> None:
         ],
     )
     feed = {"x": rng.normal(0, 2, (2, c, 10)).astype(np.float32)}
-    count, ops = _same_after(model, feed, "batchnorms")
+    count, ops = _same_after(model, feed, "batchnorm_to_mul_add")
     assert count == 1 and ops == ["Mul", "Add"]
 
 
@@ -67,7 +70,7 @@ def test_where_between_constants_becomes_arithmetic(low: float) -> None:
         ],
     )
     feed = {"m": np.array([[1, 1, 1, 0, 1, 0, 0, 0]], np.int64)}
-    count, ops = _same_after(model, feed, "constant_wheres")
+    count, ops = _same_after(model, feed, "where_of_constants_to_arithmetic")
     assert count == 1 and "Where" not in ops
 
 
@@ -84,7 +87,9 @@ def test_where_with_an_infinite_constant_is_left_alone() -> None:
             numpy_helper.from_array(np.array(-np.inf, np.float32), "low"),
         ],
     )
-    count, ops = _same_after(model, {"m": np.array([1, 0, 1, 0], np.int64)}, "constant_wheres")
+    count, ops = _same_after(
+        model, {"m": np.array([1, 0, 1, 0], np.int64)}, "where_of_constants_to_arithmetic"
+    )
     assert count == 0 and "Where" in ops
 
 
@@ -98,15 +103,18 @@ def test_erf_gelu_becomes_one_gelu() -> None:
             helper.make_node("Add", ["e", "one"], ["a"]),
             helper.make_node("Mul", ["x", "a"], ["m"]),
             helper.make_node("Mul", ["m", "half"], ["y"]),
+            helper.make_node("Neg", ["y"], ["z"]),
         ],
         [helper.make_tensor_value_info("x", F, [2, 16])],
-        [helper.make_tensor_value_info("y", F, [2, 16])],
+        [helper.make_tensor_value_info("z", F, [2, 16])],
         [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in consts.items()],
     )
     feed = {"x": np.linspace(-4, 4, 32, dtype=np.float32).reshape(2, 16)}
-    count, ops = _same_after(model, feed, "gelus")
-    assert count == 1 and ops == ["Gelu"]
-    assert any(vi.name == "y" for vi in model.graph.value_info)  # typed for calibration
+    count, ops = _same_after(model, feed, "erf_gelu_to_gelu")
+    assert count == 1 and ops == ["Gelu", "Neg"]
+    # onnx cannot infer a com.microsoft op's output: prepare keeps its type for calibration
+    typed = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.value_info}
+    assert typed == {"y": F}
 
 
 @pytest.mark.parametrize("op", ["ScatterElements", "ScatterND"])
@@ -129,7 +137,7 @@ def test_scatter_of_constants_becomes_mul_add(op: str) -> None:
         [numpy_helper.from_array(index, "idx"), numpy_helper.from_array(updates, "upd")],
     )
     count, ops = _same_after(model, {"x": rng.normal(size=(1, 1, 3, 6)).astype(np.float32)},
-                             "constant_scatters")  # fmt: skip
+                             "constant_scatter_to_arithmetic")  # fmt: skip
     assert count == 1 and ops == ["Mul", "Add"]
 
 
@@ -145,5 +153,55 @@ def test_gathernd_at_constant_indices_becomes_reshape(permuted: bool) -> None:
         [numpy_helper.from_array(index, "idx")],
     )
     feed = {"m": np.arange(8, dtype=np.float32)[None]}
-    count, ops = _same_after(model, feed, "constant_gathernds")
+    count, ops = _same_after(model, feed, "constant_gathernd_to_gather")
     assert count == 1 and ops == (["Reshape", "Gather", "Reshape"] if permuted else ["Reshape"])
+
+
+def _batchnorm_branch(c: int) -> tuple[onnx.GraphProto, list]:
+    rng = np.random.default_rng(1)
+    names = ["gamma", "beta", "mean", "var"]
+    params = [rng.uniform(0.5, 1.5, c), rng.normal(0, 0.3, c), rng.normal(0, 1, c),
+              rng.uniform(0.2, 2.0, c)]  # fmt: skip
+    inits = [
+        numpy_helper.from_array(p.astype(np.float32), n) for p, n in zip(params, names, strict=True)
+    ]
+    branch = helper.make_graph(
+        [helper.make_node("BatchNormalization", ["x", *names], ["b"])],
+        "then", [], [helper.make_tensor_value_info("b", F, [2, c, 5])],
+    )  # fmt: skip
+    return branch, inits
+
+
+def test_rules_rewrite_inside_subgraphs() -> None:
+    """A BatchNormalization in an If branch (reading the outer x) is rewritten there too."""
+    c = 4
+    then, inits = _batchnorm_branch(c)
+    other = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["o"])], "else", [],
+        [helper.make_tensor_value_info("o", F, [2, c, 5])],
+    )  # fmt: skip
+    model = _model(
+        [helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other)],
+        [helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x", F, [2, c, 5])],
+        [helper.make_tensor_value_info("y", F, [2, c, 5])],
+        inits,
+    )  # fmt: skip
+    x = np.random.default_rng(2).normal(size=(2, c, 5)).astype(np.float32)
+    count, _ = _same_after(model, {"cond": np.array(True), "x": x}, "batchnorm_to_mul_add")
+    branch = next(a.g for a in model.graph.node[0].attribute if a.name == "then_branch")
+    assert count == 1 and [n.op_type for n in branch.node] == ["Mul", "Add"]
+
+
+def test_htp_stage_can_be_left_out() -> None:
+    """prepare without `htp` leaves what the HTP rules would rewrite."""
+    model = _model(
+        [helper.make_node("Add", ["x", "zero"], ["y"]), helper.make_node("Relu", ["y"], ["z"])],
+        [helper.make_tensor_value_info("x", F, [2, 3])],
+        [helper.make_tensor_value_info("z", F, [2, 3])],
+        [numpy_helper.from_array(np.zeros(3, np.float32), "zero")],
+    )
+    assert not prepare(model, ["fold"]).log.nodes
+    done = prepare(model, ["fold", "htp"])
+    assert done.log.count("zero_constant_add") == 1
+    assert [n.op_type for n in done.model.graph.node] == ["Relu"]

@@ -15,12 +15,15 @@ from winml_recipes.graph.gathernd import RULE as RULE_GATHERND
 from winml_recipes.graph.gathernd import rewrite_gathernd
 from winml_recipes.graph.log import RewriteLog
 from winml_recipes.graph.recurrent import RULE_GRU, RULE_LSTM, unroll_recurrent
+from winml_recipes.quant.htp_rules import RULES as HTP_RULES
 
 # Stage name -> the rules it applies (a stage is what the exactness check can name).
 STAGES: dict[str, tuple[str, ...]] = {
     "fold": (RULE_FOLD, RULE_IF),
     "gathernd": (RULE_GATHERND,),
     "recurrent": (RULE_LSTM, RULE_GRU),
+    # QNN HTP's float rewrites (quant/htp_rules): leave "htp" out to turn them off
+    "htp": HTP_RULES,
 }
 
 
@@ -37,7 +40,14 @@ def _stage_fns(max_elements: int) -> dict[str, Callable[[ir.Model, RewriteLog], 
         "fold": lambda m, log: fold_constants(m, log, max_elements),
         "gathernd": rewrite_gathernd,
         "recurrent": unroll_recurrent,
+        "htp": _htp,
     }
+
+
+def _htp(model: ir.Model, log: RewriteLog) -> RewriteLog:
+    from winml_recipes.quant.htp_rules import float_rewrites, rewrite
+
+    return rewrite(model, float_rewrites(), log)
 
 
 def prepare(
@@ -65,6 +75,15 @@ def prepare(
     common.RemoveUnusedNodesPass()(model)
     common.NameFixPass()(model)
     result.model = ir.to_proto(model)
-    # Inferred shapes are not kept: later steps infer their own.
-    result.model.graph.ClearField("value_info")
+    # Inferred shapes are not kept: later steps infer their own. onnx cannot infer the
+    # outputs of other domains' ops (HTP's com.microsoft Gelu): their types stay.
+    _keep_value_info(result.model.graph)
     return result
+
+
+def _keep_value_info(graph: onnx.GraphProto) -> None:
+    """Drop the value_info onnx's shape inference can recompute."""
+    foreign = {o for n in graph.node if n.domain not in ("", "ai.onnx") for o in n.output}
+    kept = [v for v in graph.value_info if v.name in foreign]
+    graph.ClearField("value_info")
+    graph.value_info.extend(kept)

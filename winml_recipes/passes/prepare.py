@@ -3,8 +3,10 @@
 Runs after fix_shapes. Stages (winml_recipes.graph): `fold` (Shape, Range, ConstantOfShape,
 Expand, ... subgraphs to initializers; `If` with a constant condition inlined), `gathernd`
 (GatherND with constant indices as Gather/Slice), `recurrent` (LSTM/GRU unrolled over the
-static sequence length). The rewritten model is run against the input model on the CPU EP
-on seeded inputs from the I/O contract; outputs that differ beyond the tolerance of
+static sequence length), `htp` (QNN HTP's float rewrites, quant/htp_rules: BatchNorm as
+Mul/Add, erf GELU as Gelu, scatters and GatherND at constant positions, x + 0, ...). The
+rewritten model is run against the input model on the CPU EP on seeded inputs from the I/O
+contract; outputs that differ beyond the tolerance of
 graph/exactness.py fail the step, naming the stage and its rules.
 """
 
@@ -25,16 +27,18 @@ if TYPE_CHECKING:
 
     from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
 
-Stage = Literal["fold", "gathernd", "recurrent"]
+Stage = Literal["fold", "gathernd", "recurrent", "htp"]
 
 
 @dataclass(frozen=True)
 class PrepareConfig:
     stages: tuple[Stage, ...] = option(
-        ("fold", "gathernd", "recurrent"),
+        ("fold", "gathernd", "recurrent", "htp"),
         "Stages to run (always in this order): fold (constant subgraphs, If with a constant "
         "condition), gathernd (GatherND with constant indices as Gather/Slice), recurrent "
-        "(LSTM/GRU unrolled over the static sequence length).",
+        "(LSTM/GRU unrolled over the static sequence length), htp (QNN HTP's exact float "
+        "rewrites: BatchNorm as Mul/Add, erf GELU as Gelu, scatters and GatherND at "
+        "constant positions as arithmetic, x + 0 bypassed).",
     )
     max_folded_elements: int = option(
         1 << 20,
@@ -54,10 +58,11 @@ class PrepareConfig:
 @register
 class PreparePass(Pass[PrepareConfig]):
     name = "prepare"
-    version = 1
+    version = 2
     summary = (
         "Target preparation after fix_shapes: fold constant subgraphs, GatherND with constant "
-        "indices as Gather/Slice, LSTM/GRU unrolled; checked exact on the CPU EP."
+        "indices as Gather/Slice, LSTM/GRU unrolled, HTP's float rewrites; checked exact on the "
+        "CPU EP."
     )
     uses_contract = True
     # The rules are the same for every npu precision today: one cache entry serves them all.

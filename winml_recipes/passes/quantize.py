@@ -30,7 +30,7 @@ HELD_OUT_KEYS = ("npz", "images", "dataset")
 @register
 class QuantizePass(Pass[QuantizeOptions]):
     name = "quantize"
-    version = 6
+    version = 7
     summary = "Static (calibrated QDQ, QNN rules, mixed precision) or dynamic quantization."
     precisions = precisions_of_kind("integer")
     uses_contract = True
@@ -212,16 +212,7 @@ def _static(
 
         model = upgraded
         src = save_model(model, ctx.work_dir / "opset-upgraded" / "model.onnx")
-    dropped: list[str] = []
-    rewrites: dict[str, int] = {}
-    if cfg.qnn:
-        from winml_recipes.quant.qnn_rules import drop_zero_constant_adds, simplify_for_htp
-        from winml_recipes.sdk.models import save_model
-
-        rewrites = simplify_for_htp(model)
-        dropped = drop_zero_constant_adds(model)
-        if dropped or any(rewrites.values()):
-            src = save_model(model, ctx.work_dir / "float-simplified" / "model.onnx")
+    # (HTP's float rewrites run before: the `htp` stage of the prepare pass)
     tensors = tensors_to_calibrate(model, list(cfg.op_types) or None)
     # Histogram settings the recipe leaves unset keep the calibrator's defaults.
     histogram = {k: v for k in ("num_bins", "percentile") if (v := getattr(cal, k)) is not None}
@@ -273,7 +264,7 @@ def _static(
     shared: list[list[str]] = []
     widened: dict[str, list[str]] = {}
     if cfg.qnn:
-        from winml_recipes.quant.qnn_rules import (
+        from winml_recipes.quant.htp_rules.encodings import (
             shared_encoding_groups,
             unify_ranges,
             widen_add_outputs,
@@ -302,10 +293,8 @@ def _static(
         "tensor_overrides": sorted(overrides),
         "float_nodes": exclude,
         "shared_encodings": shared,
-        # ranges widened to what HTP can take (qnn_rules)
+        # ranges widened to what HTP can take (quant/htp_rules/encodings.py)
         "htp_widened_ranges": widened,
-        "zero_constant_nodes_bypassed": dropped,
-        "htp_rewrites": rewrites,
         # activations with infinite values (additive masks): no range, left in float
         "kept_float_nonfinite": nonfinite,
         # activations holding sentinels (float32-min attention masks): range clamped

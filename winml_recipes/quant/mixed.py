@@ -187,7 +187,7 @@ def _gated_session(
     weight_gates = _gate_weights(model, float_init, len(gates), new_nodes) if weights else {}
     model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(0.5, np.float32), HALF))
     model.graph.node.extend(new_nodes)
-    _toposort(model.graph)
+    model = _toposort(model)
     session = load_session(
         save_model(model, work_dir / ("gated-weights.onnx" if weights else "gated.onnx"))
     )
@@ -336,21 +336,15 @@ def _copy_constant(
     raise PassError(f"cannot re-apply a folded activation: its input '{name}' is not a constant")
 
 
-def _toposort(graph: onnx.GraphProto) -> None:
-    """Order nodes so every input is produced before use (gating appends nodes at the end)."""
-    available = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
-    pending = list(graph.node)
-    ordered = []
-    while pending:
-        rest = []
-        for node in pending:
-            if all(i in available for i in node.input):
-                ordered.append(node)
-                available.update(node.output)
-            else:
-                rest.append(node)
-        if len(rest) == len(pending):
-            raise PassError("cannot order the gated graph (a cycle or a missing input)")
-        pending = rest
-    del graph.node[:]
-    graph.node.extend(ordered)
+def _toposort(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with nodes ordered so every input is produced before use (gating appends
+    nodes at the end): onnx_ir's TopologicalSortPass."""
+    import onnx_ir as ir
+    from onnx_ir.passes.common import TopologicalSortPass
+
+    graph = ir.from_proto(model)
+    try:
+        TopologicalSortPass()(graph)
+    except ValueError as exc:  # a cycle
+        raise PassError(f"cannot order the gated graph: {exc}") from exc
+    return ir.to_proto(graph)

@@ -125,7 +125,7 @@ def quantize_static_qdq(
 
 def _fold_nan_guards(path: Path) -> None:
     from winml_recipes.onnx.io import load_model, save_model
-    from winml_recipes.quant.qnn_rules import fold_nan_guards
+    from winml_recipes.quant.htp_rules import fold_nan_guards
 
     # the graph alone first: weights are loaded (and the model rewritten) only when needed
     if not fold_nan_guards(load_model(path, load_external_data=False)):

@@ -1,0 +1,551 @@
+"""The float rewrites QNN HTP needs, as onnxscript rewrite rules (exact in float).
+
+Each rule matches one node (its op type), `check` refuses with a `MatchResult` reason what
+it cannot rewrite exactly, and the replacement names its nodes, values and constants after
+the matched node as the protobuf rewrites of earlier versions did, so a rewritten model is
+the same model. Why HTP needs each rewrite is said on the rule (measured, onnxruntime-qnn
+2.7, QNN SDK 2.51).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+from winml_recipes.graph.log import RewriteLog
+
+MatchResult = pattern.MatchResult
+
+_ELEMENTWISE = {"Add": 0.0, "Sub": 0.0, "Mul": 1.0, "Div": 1.0}
+
+
+def const(value: ir.Value | None) -> np.ndarray | None:
+    """The value of an initializer or a Constant node's output, else None."""
+    if value is None:
+        return None
+    tensor = ir.convenience.get_const_tensor(value)
+    return None if tensor is None else tensor.numpy()
+
+
+def static_dims(value: ir.Value | None) -> list[int | None] | None:
+    """The value's shape, None for a dim that is not static (None: no shape known)."""
+    if value is None or value.shape is None:
+        return None
+    return [d if isinstance(d, int) else None for d in value.shape]
+
+
+def _attr_int(node: ir.Node, name: str, default: int) -> int:
+    return node.attributes.get_int(name, default)
+
+
+def _reduction_none(node: ir.Node) -> bool:
+    return node.attributes.get_string("reduction", "none") in ("", "none")
+
+
+class HtpRule(pattern.RewriteRuleClassBase):
+    """One op type; `validate` returns a refusal reason or the facts `replace` needs."""
+
+    op_type: ClassVar[str]
+    # Refusals worth listing in the prepare record (not every Add that is no `x + 0`).
+    log_refusals: ClassVar[bool] = True
+    rule_name: ClassVar[str]
+
+    def __init__(self, log: RewriteLog, op_type: str | None = None) -> None:
+        self.op_type = op_type or type(self).op_type
+        super().__init__(name=f"{self.rule_name}[{self.op_type}]")
+        self.log = log
+        self._facts: Any = None
+
+    def pattern(self, op, *inputs):
+        return getattr(op, self.op_type)(_allow_other_inputs=True, _outputs=["out"])
+
+    def check(self, context, out: ir.Value, **_: Any) -> MatchResult:
+        node = out.producer()
+        facts = self.validate(node)
+        if isinstance(facts, str):
+            if self.log_refusals:
+                self.log.keep(self.rule_name, node.name, facts)
+            return MatchResult().fail(facts, node)
+        self._facts = facts  # onnxscript calls rewrite() right after a check that passed
+        return MatchResult()
+
+    def rewrite(self, op, out: ir.Value, **_: Any) -> ir.Value:
+        node = out.producer()
+        self.log.add(self.rule_name, node.name)
+        return self.replace(op, node, self._facts)
+
+    def validate(self, node: ir.Node) -> Any:
+        raise NotImplementedError
+
+    def replace(self, op, node: ir.Node, facts: Any) -> ir.Value:
+        raise NotImplementedError
+
+
+def _base(node: ir.Node) -> str:
+    return node.outputs[0].name
+
+
+class BatchNormToMulAdd(HtpRule):
+    """BatchNormalization (inference) -> x * s + b with per-channel constants, exactly.
+
+    A BatchNormalization no Conv absorbs (on a sequence, after a Transpose, as in text
+    recognizers) is wrong on HTP in a 16-bit QDQ graph: 6.9 dB against 32 dB in the CPU
+    EP's simulation of the same model. As a Mul and an Add by constants it is right.
+    """
+
+    op_type = "BatchNormalization"
+    rule_name = "batchnorm_to_mul_add"
+
+    def validate(self, node: ir.Node) -> Any:
+        if _attr_int(node, "training_mode", 0):
+            return "training_mode=1"
+        values = [const(v) for v in node.inputs[1:5]]
+        if len(values) < 4 or any(v is None for v in values):
+            return "scale, bias, mean or variance is not a constant"
+        rank = len(static_dims(node.inputs[0]) or [])
+        if rank < 2:
+            return "the input's rank is unknown or below 2"
+        gamma, beta, mean, var = (np.asarray(v, np.float64) for v in values)
+        eps = node.attributes.get_float("epsilon", 1e-5)
+        scale = gamma / np.sqrt(var + eps)
+        shift = beta - mean * scale
+        per_channel = [-1] + [1] * (rank - 2)
+        return scale.reshape(per_channel), shift.reshape(per_channel)
+
+    def replace(self, op, node: ir.Node, facts: Any) -> ir.Value:
+        scale, shift = facts
+        base, name = _base(node), node.name or _base(node)
+        s = op.initializer(ir.tensor(scale.astype(np.float32), name=f"{base}_bn_scale"))
+        b = op.initializer(ir.tensor(shift.astype(np.float32), name=f"{base}_bn_shift"))
+        mid = op.Mul(node.inputs[0], s, _name=f"{name}_scale", _outputs=[f"{base}_bn_scaled"])
+        return op.Add(mid, b, _name=f"{name}_shift", _outputs=[base])
+
+
+class WhereOfConstantsToArithmetic(HtpRule):
+    """Where(c, a, b) with float scalar constants a, b -> Cast(c) * (a - b) + b, exactly.
+
+    onnxruntime's quantizer leaves such a Where's constants in float; HTP then fails to
+    finalize the graph (QNN_COMMON_ERROR_MEM_ALLOC), as on the attention mask BERT builds
+    with `Where(mask, 0, finfo.min)`. As a Mul and an Add the constants are quantized.
+    """
+
+    op_type = "Where"
+    rule_name = "where_of_constants_to_arithmetic"
+    log_refusals = False  # most Wheres choose between computed values
+
+    def validate(self, node: ir.Node) -> Any:
+        a, b = (const(v) for v in node.inputs[1:3])
+        if a is None or b is None or a.size != 1 or b.size != 1 or a.dtype.kind != "f":
+            return "the choices are not two float scalar constants"
+        if not (np.isfinite(a).all() and np.isfinite(b).all()):
+            return "an infinite choice (0 * inf is NaN): left a Where"
+        # in float64: 0 - finfo.min is finfo.max, exactly representable
+        step = np.asarray(a, np.float64) - np.asarray(b, np.float64)
+        step = np.clip(step, -np.finfo(a.dtype).max, np.finfo(a.dtype).max).astype(a.dtype)
+        return a, b, step
+
+    def replace(self, op, node: ir.Node, facts: Any) -> ir.Value:
+        a, b, step = facts
+        base, name = _base(node), node.name or _base(node)
+        delta = op.initializer(ir.tensor(step.reshape(a.shape), name=f"{base}_delta"))
+        offset = op.initializer(ir.tensor(np.asarray(b, a.dtype), name=f"{base}_base"))
+        to = ir.DataType.from_numpy(a.dtype)
+        cond = op.Cast(node.inputs[0], to=to, _name=f"{name}_cast", _outputs=[f"{base}_cond"])
+        scaled = op.Mul(cond, delta, _name=f"{name}_mul", _outputs=[f"{base}_scaled"])
+        return op.Add(scaled, offset, _name=f"{name}_add", _outputs=[base])
+
+
+def _scalar_index(value: ir.Value | None) -> int | None:
+    """A constant (or an Expand of one) holding one index everywhere."""
+    found = const(value)
+    if found is None:
+        node = value.producer() if value is not None else None
+        if node is None or node.op_type != "Expand":
+            return None
+        found = const(node.inputs[0])
+    if found is None or found.size == 0:
+        return None
+    flat = np.asarray(found).ravel()
+    return int(flat[0]) if (flat == flat[0]).all() else None
+
+
+def _is_channel(gather: ir.Node | None, data: ir.Value, k: int, axis: int, rank: int) -> bool:
+    if gather is None or gather.op_type != "Gather" or gather.inputs[0] is not data:
+        return False
+    index = const(gather.inputs[1])
+    g_axis = _attr_int(gather, "axis", 0) % rank
+    return g_axis == axis and index is not None and index.ndim == 0 and int(index) == k
+
+
+class ChannelScatterToElementwise(HtpRule):
+    """`x[..., k] = f(x[..., k])` (Gather -> f -> Unsqueeze -> ScatterElements, torch's
+    select_scatter) with f an elementwise op by a constant -> one elementwise op by a
+    per-channel constant (identity elsewhere), exactly.
+
+    Quantized, one tensor would hold both the old and the new channel values (SAM 3: pixels
+    in [0, 112] and fractions in [0, 1]); 8 bits cannot carry both (pred_masks 3 dB on HTP
+    and in the CPU simulation alike), and HTP cannot finalize the u8/u16 mixes that would
+    widen just that tensor.
+    """
+
+    op_type = "ScatterElements"
+    rule_name = "channel_scatter_to_elementwise"
+
+    def validate(self, node: ir.Node) -> Any:
+        if len(node.inputs) != 3 or not _reduction_none(node):
+            return "a reduction"
+        data, indices, updates = node.inputs
+        shape = static_dims(data)
+        if not shape or None in shape:
+            return "the data's shape is not static"
+        rank = len(shape)
+        axis = _attr_int(node, "axis", 0) % rank
+        k = _scalar_index(indices)
+        unsq = updates.producer() if updates is not None else None
+        if k is None or unsq is None or unsq.op_type != "Unsqueeze":
+            return "not one constant channel written from an Unsqueeze"
+        f = unsq.inputs[0].producer() if unsq.inputs[0] is not None else None
+        if f is None:
+            return "the update is not computed from the channel"
+        if f.op_type == "Gather" and _is_channel(f, data, k, axis, rank):
+            op_type, c = "Mul", np.float32(1.0)  # x[..., k] = x[..., k]: nothing changes
+        elif f.op_type in _ELEMENTWISE:
+            g = f.inputs[0].producer() if f.inputs[0] is not None else None
+            c = const(f.inputs[1])
+            if c is None or not _is_channel(g, data, k, axis, rank):
+                return "the update is not the channel by a constant"
+            op_type = f.op_type
+        else:
+            return f"the update is computed by {f.op_type}, not an elementwise op"
+        trailing = rank - 1 - axis
+        c = np.asarray(c, dtype=np.float32)
+        if c.ndim > trailing:
+            return "the constant has more dims than the channel"
+        table_shape = [shape[axis]] + [1] * (trailing - c.ndim) + list(c.shape)
+        table = np.full(table_shape, _ELEMENTWISE.get(op_type, 1.0), dtype=np.float32)
+        table[k] = np.broadcast_to(c, table_shape[1:])
+        return op_type, table
+
+    def replace(self, op, node: ir.Node, facts: Any) -> ir.Value:
+        op_type, table = facts
+        base = _base(node)
+        name = f"{base}_channel_{op_type.lower()}"
+        table_value = op.initializer(ir.tensor(table, name=name))
+        return op.op(op_type, node.inputs[0], table_value, _name=node.name, _outputs=[base])
+
+
+def _constant_or_expanded(value: ir.Value | None) -> np.ndarray | None:
+    """A constant, or an Expand of a constant to a static shape, as an array (else None)."""
+    found = const(value)
+    if found is not None:
+        return found
+    node = value.producer() if value is not None else None
+    shape = static_dims(value)
+    if node is None or node.op_type != "Expand" or not shape or None in shape:
+        return None
+    found = const(node.inputs[0])
+    return None if found is None else np.broadcast_to(found, shape)
+
+
+class ConstantScatterToArithmetic(HtpRule):
+    """ScatterElements / ScatterND writing constant updates at constant indices into a
+    tensor of static shape -> x * keep + table (keep 0 where written, 1 elsewhere; table
+    the updates where written, 0 elsewhere): exact for finite x.
+
+    HTP writes a scatter's update integers into the data with the data's encoding; a
+    constant update is quantized as a weight with its own scale, so the written values
+    come out wrong (SAM 3's box corners: 5.5 dB against the CPU EP on that tensor).
+    """
+
+    rule_name = "constant_scatter_to_arithmetic"
+
+    def validate(self, node: ir.Node) -> Any:
+        if len(node.inputs) != 3 or not _reduction_none(node):
+            return "a reduction"
+        data, indices, updates = node.inputs
+        shape = static_dims(data)
+        index = _constant_or_expanded(indices)
+        values = const(updates)
+        if not shape or None in shape:
+            return "the data's shape is not static"
+        if index is None or values is None:
+            return "indices or updates are not constants"
+        if values.dtype.kind != "f" or index.dtype.kind not in "iu":
+            return "the updates are not float"
+        keep = np.ones(shape, dtype=values.dtype)
+        table = np.zeros(shape, dtype=values.dtype)
+        try:
+            if node.op_type == "ScatterElements":
+                axis = _attr_int(node, "axis", 0) % len(shape)
+                where = index % shape[axis]
+                values = np.broadcast_to(values, where.shape)
+                np.put_along_axis(keep, where, 0, axis)
+                np.put_along_axis(table, where, values, axis)
+            else:
+                where = tuple(np.moveaxis(index, -1, 0) % np.array(shape[: index.shape[-1]])
+                              .reshape(-1, *[1] * (index.ndim - 1)))  # fmt: skip
+                keep[where] = 0
+                table[where] = values
+        except (ValueError, IndexError):
+            return "indices the op would refuse"
+        return keep, table
+
+    def replace(self, op, node: ir.Node, facts: Any) -> ir.Value:
+        keep, table = facts
+        base, name = _base(node), node.name or _base(node)
+        k = op.initializer(ir.tensor(keep, name=f"{base}_scatter_keep"))
+        t = op.initializer(ir.tensor(table, name=f"{base}_scatter_table"))
+        mid = op.Mul(node.inputs[0], k, _name=f"{name}_keep", _outputs=[f"{base}_kept"])
+        return op.Add(mid, t, _name=f"{name}_table", _outputs=[base])
+
+
+class ConstantGatherNDToGather(HtpRule):
+    """GatherND(x, constant indices) -> Reshape(x, [n, *rest]) -> Gather(axis 0, flat
+    indices), or a single Reshape when the flat indices are 0..n-1 in order; exact.
+
+    HTP refuses GatherND; dynamo's BERT export reads its attention mask that way. (The
+    prepare stage `gathernd` rewrites the general case first; this is the form quantize
+    always produced, kept for the models that skip that stage.)
+    """
+
+    op_type = "GatherND"
+    rule_name = "constant_gathernd_to_gather"
+
+    def validate(self, node: ir.Node) -> Any:
+        if _attr_int(node, "batch_dims", 0):
+            return "batch_dims is not 0"
+        index = const(node.inputs[1])
+        shape = static_dims(node.inputs[0])
+        if index is None or index.ndim < 1:
+            return "the indices are not a constant"
+        if not shape or None in shape:
+            return "the data's shape is not static"
+        k = index.shape[-1]
+        if k > len(shape) or index.dtype.kind not in "iu":
+            return "the indices do not fit the data"
+        lead, rest = np.array(shape[:k]), shape[k:]
+        if not ((-lead <= index) & (index < lead)).all():
+            return "an index out of range (the op would fail)"
+        flat = np.ravel_multi_index(tuple(np.moveaxis(index % lead, -1, 0)), lead)
+        count = int(np.prod(lead))
+        return flat, count, rest, [*index.shape[:-1], *rest]
+
+    def replace(self, op, node: ir.Node, facts: Any) -> ir.Value:
+        flat, count, rest, out_shape = facts
+        base, name = _base(node), node.name or _base(node)
+        j = 0
+        if flat.size == count and (flat.ravel() == np.arange(count)).all():
+            source = node.inputs[0]
+        else:
+            flat_shape = op.initializer(
+                ir.tensor(np.array([count, *rest], np.int64), name=f"{base}_flat_shape")
+            )
+            indices = op.initializer(ir.tensor(flat.astype(np.int64), name=f"{base}_flat_indices"))
+            rows = op.Reshape(
+                node.inputs[0], flat_shape, _name=f"{name}_0", _outputs=[f"{base}_rows"]
+            )
+            source = op.Gather(rows, indices, _name=f"{name}_1", _outputs=[f"{base}_picked"])
+            j = 2
+        shape = op.initializer(ir.tensor(np.array(out_shape, np.int64), name=f"{base}_shape"))
+        return op.Reshape(source, shape, _name=f"{name}_{j}", _outputs=[base])
+
+
+class ZeroConstantAddToIdentity(HtpRule):
+    """`x + 0` / `x - 0` (constant all-zero float operand, no broadcasting growth) -> x.
+
+    Add/Sub of an all-zero constant followed by a Relu that the quantizer folds into the
+    Q/DQ pair is wrong on HTP (3 dB SQNR against 95 dB on the CPU EP, in a two-node graph);
+    they compute nothing, so they are bypassed. The replacement is an Identity named as
+    the node was, which IdentityEliminationPass removes unless it gives a graph output its
+    name.
+    """
+
+    rule_name = "zero_constant_add"
+    log_refusals = False
+
+    def validate(self, node: ir.Node) -> Any:
+        if len(node.inputs) != 2:
+            return "not two operands"
+        zero_at = None
+        for k in (1, 0):
+            values = const(node.inputs[k])
+            if values is not None and values.dtype.kind == "f" and values.size and not values.any():
+                zero_at = k
+                break
+        if zero_at is None:
+            return "no all-zero float constant operand"
+        if node.op_type == "Sub" and zero_at == 0:
+            return "0 - x is not x"
+        other = node.inputs[1 - zero_at]
+        shape = static_dims(other)
+        const_shape = list(node.inputs[zero_at].shape or [])
+        if shape is None or len(const_shape) > len(shape):
+            return "the constant could broadcast x to a larger shape"
+        for got, c in zip(reversed(shape), reversed(const_shape), strict=False):
+            if c != 1 and got != c:
+                return "the constant broadcasts x to a larger shape"
+        return other
+
+    def replace(self, op, node: ir.Node, facts: Any) -> ir.Value:
+        return op.Identity(facts, _name=node.name, _outputs=[_base(node)])
+
+
+class MergeConstantChain(HtpRule):
+    """op(op(x, A), B) -> op(x, A (*|+) B) for Mul/Div (product) and Add/Sub (sum) by
+    constants, when the inner result has no other reader (what the scatter rewrites leave
+    behind: one quantized constant instead of two)."""
+
+    rule_name = "merge_constant_chain"
+    log_refusals = False
+
+    def validate(self, node: ir.Node) -> Any:
+        inner = node.inputs[0].producer() if node.inputs[0] is not None else None
+        if inner is None or inner.op_type != node.op_type or inner.domain != node.domain:
+            return "the first operand is not computed by the same op"
+        if inner.outputs[0].is_graph_output() or len(inner.outputs[0].uses()) != 1:
+            return "the inner result has other readers"
+        if len(node.inputs) != 2 or len(inner.inputs) != 2:
+            return "not two operands"
+        a, b = const(inner.inputs[1]), const(node.inputs[1])
+        if a is None or b is None or a.dtype != b.dtype:
+            return "the operands are not two constants of one type"
+        combined = a * b if node.op_type in ("Mul", "Div") else a + b
+        return inner.inputs[0], np.asarray(combined)
+
+    def replace(self, op, node: ir.Node, facts: Any) -> ir.Value:
+        x, combined = facts
+        base = _base(node)
+        merged = op.initializer(ir.tensor(combined, name=f"{base}_merged"))
+        return op.op(node.op_type, x, merged, _name=node.name, _outputs=[base])
+
+
+class ErfGeluPass(ir.passes.InPlacePass):
+    """x * 0.5 * (1 + erf(x / sqrt(2))) (as exporters write GELU) -> com.microsoft Gelu.
+
+    The QNN EP takes no Erf (HTP refuses the node), and has a Gelu. An onnx_ir pass, not
+    onnxscript's erfgelu rules: those match two of the four operand orders and only a Div
+    by sqrt(2), where exporters also write a Mul by 1/sqrt(2); and the Gelu takes the
+    Erf's place (after x, before any reader), where a rule would put it after the last Mul.
+    """
+
+    rule_name = "erf_gelu_to_gelu"
+
+    def __init__(self, log: RewriteLog) -> None:
+        super().__init__()
+        self.log = log
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        fused = 0
+        for graph in (model.graph, *model.graph.subgraphs()):
+            for erf in [n for n in graph if n.op_type == "Erf" and n.domain == ""]:
+                found = _gelu_chain(erf)
+                if isinstance(found, str):
+                    self.log.keep(self.rule_name, erf.name, found)
+                    continue
+                x, half, dead = found
+                out = dead[2].outputs[0]
+                gelu = ir.node(
+                    "Gelu", [x], domain="com.microsoft", name=f"{erf.name or x.name}_gelu"
+                )
+                graph.insert_before(erf, gelu)
+                new = gelu.outputs[0]
+                # typed, since onnx's shape inference does not know the op: calibration
+                # ranges (and so quantization) need the output's type
+                new.dtype = out.dtype or ir.DataType.from_numpy(half.dtype)
+                if out.is_graph_output():
+                    new.shape = out.shape  # a graph output keeps its declared shape
+                ir.convenience.replace_all_uses_with(out, new, replace_graph_outputs=True)
+                name, out.name = out.name, None
+                new.name = name
+                graph.remove([erf, *dead], safe=True)
+                self.log.add(self.rule_name, erf.name)
+                fused += 1
+        if fused and "com.microsoft" not in model.opset_imports:
+            model.opset_imports["com.microsoft"] = 1
+        return ir.passes.PassResult(model, bool(fused))
+
+
+def _gelu_chain(erf: ir.Node) -> tuple[ir.Value, np.ndarray, list[ir.Node]] | str:
+    """(x, the 0.5 constant, the nodes the Gelu replaces after the Erf) or why not."""
+
+    def scalar(value: ir.Value | None) -> float | None:
+        found = const(value)
+        return float(found) if found is not None and found.size == 1 else None
+
+    def only(value: ir.Value, op_type: str) -> ir.Node | None:
+        readers = [user for user, _ in value.uses()]
+        return readers[0] if len(readers) == 1 and readers[0].op_type == op_type else None
+
+    def other(user: ir.Node, value: ir.Value) -> ir.Value:
+        return user.inputs[1] if user.inputs[0] is value else user.inputs[0]
+
+    scale = erf.inputs[0].producer() if erf.inputs[0] is not None else None
+    if scale is None or scale.op_type not in ("Div", "Mul"):
+        return "the Erf's input is not a Div or Mul"
+    x, c = scale.inputs[0], scalar(scale.inputs[1])
+    if c is None or not math.isclose(
+        c if scale.op_type == "Div" else 1 / c, math.sqrt(2), rel_tol=1e-3
+    ):
+        return "the Erf's input is not x / sqrt(2)"
+    add = only(erf.outputs[0], "Add")
+    if add is None or scalar(other(add, erf.outputs[0])) != 1.0:
+        return "the Erf is not followed by + 1"
+    m1 = only(add.outputs[0], "Mul")
+    m2 = only(m1.outputs[0], "Mul") if m1 is not None else None
+    if m1 is None or m2 is None:
+        return "the + 1 is not followed by two Muls"
+    first, second = other(m1, add.outputs[0]), other(m2, m1.outputs[0])
+    if {first, second} - {x} and sorted([first is x, second is x]) != [False, True]:
+        return "the Muls are not by x and 0.5"
+    half = second if first is x else first
+    if scalar(half) != 0.5:
+        return "the Muls are not by x and 0.5"
+    dead = [add, m1, m2]
+    if len(scale.outputs[0].uses()) == 1:
+        dead.append(scale)
+    return x, const(half), dead
+
+
+class NanGuardPass(ir.passes.InPlacePass):
+    """In a QDQ graph, `Where(IsNaN(t), v, t)` with t a DequantizeLinear output -> t.
+
+    A dequantized value is never NaN, so the guard (what exporters write for SDPA's
+    `softmax.masked_fill(isnan, 0)`) selects t everywhere: exact in the quantized graph.
+    HTP cannot finalize a graph where a boolean made from quantized values (IsNaN of a DQ
+    output, then Where) feeds quantized ops (QNN_COMMON_ERROR_MEM_ALLOC). An onnx_ir pass:
+    the readers move to t, which keeps its name (a rule would give t the Where's name).
+    """
+
+    rule_name = "fold_nan_guard"
+
+    def __init__(self, log: RewriteLog) -> None:
+        super().__init__()
+        self.log = log
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        folded = 0
+        for graph in (model.graph, *model.graph.subgraphs()):
+            for check in [n for n in graph if n.op_type in ("IsNaN", "IsInf") and n.domain == ""]:
+                tensor = check.inputs[0]
+                source = tensor.producer() if tensor is not None else None
+                if source is None or source.op_type != "DequantizeLinear":
+                    continue
+                for where, _ in list(check.outputs[0].uses()):
+                    if where.op_type != "Where" or list(where.inputs[::2]) != [
+                        check.outputs[0],
+                        tensor,
+                    ]:
+                        continue
+                    if where.outputs[0].is_graph_output():
+                        self.log.keep(self.rule_name, where.name, "the Where gives a graph output")
+                        continue
+                    ir.convenience.replace_all_uses_with(where.outputs[0], tensor)
+                    self.log.add(self.rule_name, where.name)
+                    folded += 1
+        if folded:
+            ir.passes.common.RemoveUnusedNodesPass()(model)
+        return ir.passes.PassResult(model, bool(folded))
