@@ -230,7 +230,7 @@ def task_line(entry: dict, given: bool = False, change: str = "--task") -> str:
     comp = entry["components"].get("model", {})
     if given:
         why = "as given"
-    elif "inputs" in comp and "outputs" in comp:
+    elif "inputs" in comp and "outputs" in comp and "family" not in entry:
         why = guess_task(comp["inputs"], comp["outputs"])[1]
     else:
         why = "from the model's config"

@@ -236,6 +236,8 @@ def catalog_schema() -> dict[str, Any]:
                     "fill-mask",
                     "text-generation",
                     "image-classification",
+                    "audio-classification",
+                    "audio-feature-extraction",
                 ],
                 "description": "auto family: the task (and head) to export.",
             },
