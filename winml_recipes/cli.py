@@ -525,6 +525,10 @@ def _print_summary(m: dict[str, Any], output_dir) -> None:
                     )
                 if metrics.get("data_capped"):
                     click.echo(f"    note: {metrics['data_capped']}")
+                if metrics.get("output_shapes_declared"):
+                    from winml_recipes.passes.verify import advisory_shapes_line
+
+                    click.echo(f"    {advisory_shapes_line(metrics['output_shapes_declared'])}")
             if s["pass"] == "compile" and s["status"] != "skipped":
                 agree = metrics.get("compiled_vs_uncompiled", {})
                 same = "bit-exact" if agree.get("bit_exact") else f"max_abs {agree.get('max_abs')}"

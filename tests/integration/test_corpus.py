@@ -43,11 +43,6 @@ FAILING: dict[tuple[str, str], str] = {
     ("minilm-l6", "uint8"): _GATE.format(
         "uint8", "task: cosine_worst 0.8096 (gate >= 0.95) FAIL; kept: cosine 0.8647"
     ),
-    **{
-        ("ddddocr-ocr", p): f"exit 2: model/verify [npu/{p}]: output '387' has shape "
-        "[24, 1, 8210], the catalog says [1, 'seqlen'] (the file declares a wrong output shape)"
-        for p in PRECISIONS
-    },
     ("silero-vad", "w8a16"): "exit 3: model/verify [npu/w8a16]: verification on qnn-htp "
     "failed: stateN: SQNR 14.99 dB (gate >= 20 dB) (the recurrent state the next chunk reads; "
     "the speech probability passes; uint8 passes)",
