@@ -253,6 +253,7 @@ def _tensor(name: str, spec: dict[str, Any]) -> TensorSpec:
         range=tuple(spec["range"]) if "range" in spec else None,
         values=tuple(spec["values"]) if "values" in spec else None,
         image=_image(spec["image"]) if "image" in spec else None,
+        shape_advisory=bool(spec.get("shape_advisory", False)),
     )
 
 

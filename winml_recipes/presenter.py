@@ -49,6 +49,8 @@ def step_lines(s: StepRecord) -> list[str]:
             )
         if metrics.get("data_capped"):
             out.append(f"note: {metrics['data_capped']}")
+        if metrics.get("output_shapes_declared"):
+            out.append(advisory_shapes_line(metrics["output_shapes_declared"]))
     if "compiled_vs_uncompiled" in metrics and s.status != "skipped":
         agree = metrics["compiled_vs_uncompiled"] or {}
         same = "bit-exact" if agree.get("bit_exact") else f"max_abs {agree.get('max_abs')}"
@@ -65,6 +67,16 @@ def step_lines(s: StepRecord) -> list[str]:
     if s.verified:
         out += [output_line(o, met, s.gates) for o, met in (metrics.get("outputs") or {}).items()]
     return out
+
+
+def advisory_shapes_line(shapes: dict[str, dict[str, list]]) -> str:
+    """One line: the outputs whose declared shape the float model's run contradicts."""
+    parts = [f"'{n}' {s['declared']} declared, {s['ran']} run" for n, s in shapes.items()]
+    return (
+        "note: the model file declares output shapes its float run contradicts ("
+        + "; ".join(parts)
+        + "); verified at the shapes the float model runs"
+    )
 
 
 def next_lines(output_dir: Path | str) -> list[str]:

@@ -149,6 +149,14 @@ def _tensor_schema(output: bool) -> dict[str, Any]:
         },
         "description": {"type": "string"},
     }
+    if output:
+        props["shape_advisory"] = {
+            "type": "boolean",
+            "description": "The shape is what the model file declares (written by build --onnx "
+            "and init from an ONNX file): verify checks it against the float model's run and, "
+            "where they disagree, verifies at the shape the model runs and says so in one line "
+            "instead of failing. Curated entries leave it out: their shapes are checked strictly.",
+        }
     if not output:
         props["range"] = {
             "type": "array",
@@ -236,6 +244,8 @@ def catalog_schema() -> dict[str, Any]:
                     "fill-mask",
                     "text-generation",
                     "image-classification",
+                    "audio-classification",
+                    "audio-feature-extraction",
                 ],
                 "description": "auto family: the task (and head) to export.",
             },

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.corpus import fetch
 
-HF_VERSION = 1
+HF_VERSION = 2  # 2: whisper-encoder ships its feature extractor's preprocessor_config.json
 
 TEXT = dict(vocab_size=256, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
             intermediate_size=64, max_position_embeddings=64)  # fmt: skip
@@ -87,7 +87,13 @@ def _whisper_encoder():
                         decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=50,
                         num_labels=4, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                         decoder_start_token_id=1)  # fmt: skip
-    return WhisperForAudioClassification(cfg), None
+    # what WhisperFeatureExtractor(feature_size=16, chunk_length=1).save_pretrained writes
+    # (1 s at 16 kHz: 100 frames of 16 mel bands), as a whisper checkpoint ships it
+    features = {"feature_size": 16, "sampling_rate": 16000, "padding_value": 0.0,
+                "return_attention_mask": False, "n_fft": 400, "hop_length": 160,
+                "chunk_length": 1, "n_samples": 16000, "nb_max_frames": 100,
+                "feature_extractor_type": "WhisperFeatureExtractor"}  # fmt: skip
+    return WhisperForAudioClassification(cfg), features
 
 
 ARCHITECTURES: dict[str, Callable] = {

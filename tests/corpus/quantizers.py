@@ -151,8 +151,28 @@ def init_build(arch: str, precision: str, work: Path) -> dict:
         return {"error": f"verify {verify.get('status')}: {verify.get('reason', '')}"[:200]}
     m = verify["metrics"]
     cos = min(o["cosine"] for o in m["outputs"].values())
-    return {"task": round(cos, 4), "ran_on": m["verified_on"],
-            "placement": _placement(m)}  # fmt: skip
+    return {"task": round(cos, 4), "ran_on": m["verified_on"], "placement": _placement(m),
+            "real": _real_cosine(arch, work / "out" / arch / f"npu-{precision}")}  # fmt: skip
+
+
+def _real_cosine(arch: str, folder: Path) -> float:
+    """The init build's output cosine on real held-out samples (the user export's: speech
+    log-mels, photographs, token sequences), HTP candidate vs the build's float reference."""
+    import numpy as np
+
+    from tests.corpus import hf, metrics
+    from winml_recipes.runtime.sessions import open_session
+    from winml_recipes.runtime.target import run_on_target
+
+    _, _, heldout = hf.user_export(arch)
+    with np.load(heldout) as data:
+        arrays = {k: data[k] for k in data.files}
+    reference = open_session(folder / "float-reference" / "model" / "model.onnx")
+    names = [i.name for i in reference.session.get_inputs()]  # init's inputs, by name
+    feeds = [{n: arrays[n][i] for n in names} for i in range(len(arrays[names[0]]))]
+    want = [reference.run(f, i) for i, f in enumerate(feeds)]
+    got = run_on_target(folder / "model" / "model.onnx", feeds, "npu").outputs
+    return round(metrics.cosine(0)(want, got), 4)
 
 
 def _placement(record: dict) -> str:

@@ -30,8 +30,14 @@ pytestmark = pytest.mark.export
 # task intact; they are held to the IoU of their decisions now.)
 _GATE = "exit 3: model/verify [npu/{}]: verification on qnn-htp failed: {}"
 FAILING: dict[tuple[str, str], str] = {
-    ("ddddocr-det", "uint8"): "box F1 0.0612 on HTP, below 0.8 and onnxruntime's 0.0669 (both "
-    "recipes lose the detector with 8-bit activations; w8a16 keeps it: 0.9859)",
+    # Cause (measured): the last Concat joins the three heads, each through a Reshape with
+    # its own u8 encoding; HTP reads every input in the Concat output's encoding (background
+    # objectness of the stride-32 head: (61 - 90) * 0.016 = -0.465), while the CPU simulation
+    # scores 0.972. Giving that Concat's inputs, through the Reshapes back to each head's
+    # Concat, the output's encoding scores 0.977 on HTP (4 held-out images); doing it to
+    # every Concat (MaxPool, Slice inputs too) fails to finalize: a rule is still to write.
+    ("ddddocr-det", "uint8"): "box F1 0.0612 on HTP, below 0.8 and onnxruntime's 0.0669 (HTP "
+    "reads a Concat's inputs in its output's u8 encoding; w8a16 keeps it: 0.9859)",
     ("ppocr-rec", "uint8"): _GATE.format(
         "uint8",
         "softmax_11.tmp_0 (probability map): decision IoU 0.7556 (gate >= 0.8) FAIL; kept: "
@@ -43,11 +49,6 @@ FAILING: dict[tuple[str, str], str] = {
     ("minilm-l6", "uint8"): _GATE.format(
         "uint8", "task: cosine_worst 0.8096 (gate >= 0.95) FAIL; kept: cosine 0.8647"
     ),
-    **{
-        ("ddddocr-ocr", p): f"exit 2: model/verify [npu/{p}]: output '387' has shape "
-        "[24, 1, 8210], the catalog says [1, 'seqlen'] (the file declares a wrong output shape)"
-        for p in PRECISIONS
-    },
     ("silero-vad", "w8a16"): "exit 3: model/verify [npu/w8a16]: verification on qnn-htp "
     "failed: stateN: SQNR 14.99 dB (gate >= 20 dB) (the recurrent state the next chunk reads; "
     "the speech probability passes; uint8 passes)",
@@ -60,12 +61,9 @@ FAILING: dict[tuple[str, str], str] = {
     },
 }
 
-# The Hugging Face `init` path: arch -> today's failure.
-INIT_FAILING: dict[tuple[str, str], str] = {
-    ("whisper-encoder", p): "init: error: architecture WhisperForAudioClassification is not a "
-    "task the auto exporter can export (no audio task; the user's own export builds: 1.0)"
-    for p in PRECISIONS
-}
+# The Hugging Face `init` path: arch -> today's failure (none: the whisper encoder reached
+# HTP once the auto exporter had an audio task).
+INIT_FAILING: dict[tuple[str, str], str] = {}
 
 
 def _expected_ep() -> str:
@@ -121,9 +119,12 @@ def test_hf_init_folder_builds_npu_and_verifies_on_htp(
     arch: str, precision: str, tmp_path: Path
 ) -> None:
     """`init` on a save_pretrained folder, then `build` for npu/P: verifies on HTP with
-    every output's cosine >= 0.98 (0.95 at uint8; synthetic data, as a user without data
-    gets it)."""
+    every output's cosine >= 0.98 (0.95 at uint8; calibrated and verified on synthetic
+    data, as a user without data gets it), and keeps that cosine on the real held-out
+    samples (token sequences, photographs, espeak-ng speech as log-mel features)."""
     got = quantizers.init_build(arch, precision, tmp_path)
     assert "error" not in got, got["error"]
     assert got["ran_on"] == _expected_ep()
-    assert got["task"] >= (0.95 if precision == "uint8" else 0.98), got
+    bar = 0.95 if precision == "uint8" else 0.98
+    assert got["task"] >= bar, got
+    assert got["real"] >= bar, got

@@ -371,3 +371,60 @@ def test_auto_refuses_a_head_it_cannot_export(arch) -> None:
         auto.task_of(config)
     text = str(err.value)
     assert arch in text and "text-classification" in text and "\n" not in text
+
+
+# --------------------------------------------------------------------------- auto: audio
+
+TINY_WHISPER = {
+    "model_type": "whisper", "vocab_size": 64, "d_model": 16, "encoder_layers": 1,
+    "encoder_attention_heads": 2, "decoder_layers": 1, "decoder_attention_heads": 2,
+    "encoder_ffn_dim": 32, "decoder_ffn_dim": 32, "num_mel_bins": 8,
+    "max_source_positions": 20, "max_target_positions": 16, "pad_token_id": 0,
+    "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1, "num_labels": 3,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("arch", "task", "output", "shape"),
+    [
+        ("WhisperForConditionalGeneration", "audio-feature-extraction", "last_hidden_state",
+         (2, 20, 16)),
+        ("WhisperModel", "audio-feature-extraction", "last_hidden_state", (2, 20, 16)),
+        ("WhisperForAudioClassification", "audio-classification", "logits", (2, 3)),
+    ],
+)  # fmt: skip
+def test_auto_exports_whisper_audio(arch, task, output, shape) -> None:
+    """A Whisper config is audio: log-mel input_features [batch, n_mels, 2 x positions] in;
+    a sequence-to-sequence model exports its encoder alone, a classifier keeps its head;
+    the catalog init writes says the same shapes as the graph."""
+    import transformers
+
+    config = {**TINY_WHISPER, "architectures": [arch]}
+    assert auto.task_of(transformers.AutoConfig.for_model(**config)) == task
+    contract = auto.catalog_components(
+        transformers.AutoConfig.for_model(**config), task, {"feature_size": 8, "nb_max_frames": 40}
+    )["model"]
+    assert contract["inputs"]["input_features"]["shape"] == ["batch", 8, 40]
+    assert contract["outputs"][output]["shape"] == ["batch", *shape[1:]]
+    req = ExportRequest("auto", "model", task=task, config=config)
+    proto = export_model(req)
+    assert [i.name for i in proto.graph.input] == ["input_features"]
+    assert [o.name for o in proto.graph.output] == [output]
+    x = np.random.default_rng(1).uniform(-1, 1.5, (2, 8, 40)).astype(np.float32)
+    (got,) = _session(proto).run(None, {"input_features": x})
+    model = auto.load_model(req)
+    inner = model.get_encoder() if task == "audio-feature-extraction" else model
+    with torch.no_grad():
+        ref = getattr(inner(torch.from_numpy(x), return_dict=True), output)
+    assert got.shape == shape
+    _close(got, ref, arch)
+
+
+def test_auto_audio_refuses_a_feature_extractor_that_disagrees() -> None:
+    import transformers
+
+    config = transformers.AutoConfig.for_model(**TINY_WHISPER)
+    with pytest.raises(SourceError) as err:
+        auto.catalog_components(config, "audio-feature-extraction", {"nb_max_frames": 3000})
+    text = str(err.value)
+    assert "nb_max_frames 3000" in text and "[batch, 8, 40]" in text and "\n" not in text

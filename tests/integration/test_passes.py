@@ -393,3 +393,24 @@ def test_normalize_keeps_the_outer_values_an_if_body_reads(tmp_path) -> None:
     c = np.array([1.0, 2.0], np.float32)
     np.testing.assert_array_equal(session.run(None, {"x": x})[0], x + c)
     np.testing.assert_array_equal(session.run(None, {"x": -x})[0], -x - c)
+
+
+def test_build_onnx_trusts_the_float_run_over_a_declared_output_shape(tmp_path) -> None:
+    """A file that declares an output shape it does not compute (ddddocr's recognizer):
+    the generated entry's shape is advisory, so the build verifies at the float model's
+    shape and says so in one line; a curated entry stays strict (the test above)."""
+    path = make_mlp_onnx(tmp_path / "mlp.onnx")
+    model = onnx.load(str(path))
+    model.graph.output[0].type.tensor_type.shape.dim[1].dim_value = 7  # computes 3
+    onnx.save(model, str(path))
+    result = cli("build", "--onnx", path, "--device", "cpu", "--precision", "int8",
+                 "-o", tmp_path / "build")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert (
+        "note: the model file declares output shapes its float run contradicts ('y' [1, 7] "
+        "declared, [1, 3] run); verified at the shapes the float model runs"
+    ) in result.stdout
+    (manifest,) = (tmp_path / "build").glob("*/cpu-int8/manifest.json")
+    steps = json.loads(manifest.read_text())["components"]["model"]["steps"]
+    verify = next(s for s in steps if s["pass"] == "verify")
+    assert verify["metrics"]["output_shapes_declared"] == {"y": {"declared": [1, 7], "ran": [1, 3]}}

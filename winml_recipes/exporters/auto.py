@@ -6,8 +6,12 @@ that builds exactly that architecture; an architecture whose task this exporter 
 export is an error naming it and the tasks it can, never a silent fallback to the base
 model. Text tasks take `input_ids`, `attention_mask` and `token_type_ids` (each only when
 the model's forward takes it), i64 [batch, sequence]; image tasks take `pixel_values` f32
-[batch, C, S, S]. Decoder-only language models are exported without a KV cache
-(`use_cache=False`): one forward over the whole sequence, logits for every position.
+[batch, C, S, S]; audio tasks take Whisper-style log-mel `input_features` f32 [batch, n_mels,
+frames] (the config's `num_mel_bins`; frames fixed, the encoder takes no other length), and
+an encoder-decoder audio model (WhisperModel, WhisperForConditionalGeneration) exports its
+encoder alone (`audio-feature-extraction`: `last_hidden_state`). Decoder-only language models
+are exported without a KV cache (`use_cache=False`): one forward over the whole sequence,
+logits for every position.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ COMPONENTS = ("model",)
 class Task:
     auto_class: str  # transformers Auto class
     outputs: tuple[str, ...]  # output names, in order
-    modality: str  # "text" | "image"
+    modality: str  # "text" | "image" | "audio"
     suffixes: tuple[str, ...] = ()  # architecture name endings that mean this task
 
 
@@ -52,6 +56,11 @@ TASKS: dict[str, Task] = {
     "image-classification": Task(
         "AutoModelForImageClassification", ("logits",), "image", ("ForImageClassification",)
     ),
+    "audio-classification": Task(
+        "AutoModelForAudioClassification", ("logits",), "audio", ("ForAudioClassification",)
+    ),
+    # the encoder of an encoder-decoder audio model (task_of picks it for audio configs)
+    "audio-feature-extraction": Task("AutoModel", ("last_hidden_state",), "audio"),
 }
 
 TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -147,6 +156,14 @@ def export(req: ExportRequest) -> ExportOutput:
         }
         args = tuple(examples[n] for n in names)
         dims: dict[int, str] = {0: "batch", 1: "sequence"}
+    elif task.modality == "audio":
+        mels, frames = audio_shape(model.config, where=_where(req))
+        names = ("input_features",)
+        # log-mel features after Whisper's scaling sit in about [-1, 1.5]
+        args = (torch.rand(b, mels, frames, generator=gen) * 2.5 - 1,)
+        dims = {0: "batch"}
+        if req.task == "audio-feature-extraction":
+            model = _audio_encoder(model, req)
     else:
         channels = int(getattr(model.config, "num_channels", 3))
         size = getattr(model.config, "image_size", 224)
@@ -164,12 +181,78 @@ def export(req: ExportRequest) -> ExportOutput:
     )
 
 
+def _audio_encoder(model: Any, req: ExportRequest) -> Any:
+    """The encoder of an encoder-decoder audio model (the decoder needs token ids and the
+    encoder's states: a second model, not exported here); an encoder-only model itself."""
+    if not getattr(model.config, "is_encoder_decoder", False):
+        return model
+    get = getattr(model, "get_encoder", None)
+    encoder = get() if callable(get) else None
+    if encoder is None:
+        raise SourceError(
+            f"{type(model).__name__} has no get_encoder(); audio-feature-extraction exports "
+            "the encoder of an encoder-decoder audio model",
+            where=_where(req),
+        )
+    return encoder
+
+
+def is_audio(config: Any) -> bool:
+    """A Whisper-style audio config: log-mel features in (`num_mel_bins`)."""
+    return bool(getattr(config, "num_mel_bins", 0))
+
+
+def audio_shape(
+    config: Any, feature_extractor: Mapping[str, Any] | None = None, where: str | None = None
+) -> tuple[int, int]:
+    """(n_mels, frames) of a Whisper-style encoder's `input_features`: the config's
+    `num_mel_bins`, and `2 * max_source_positions` frames (two convolutions, the second with
+    stride 2; the encoder refuses any other length), else the feature extractor's
+    `nb_max_frames`. The feature extractor (`preprocessor_config.json`) must agree."""
+    mels = int(getattr(config, "num_mel_bins", 0) or 0)
+    positions = int(getattr(config, "max_source_positions", 0) or 0)
+    fe = dict(feature_extractor or {})
+    frames = 2 * positions if positions else int(fe.get("nb_max_frames") or 0)
+    if mels < 1 or frames < 1:
+        raise SourceError(
+            "audio config needs num_mel_bins and max_source_positions (or a feature extractor "
+            "with nb_max_frames) to size input_features",
+            where=where,
+        )
+    for key, want in (("feature_size", mels), ("nb_max_frames", frames)):
+        got = fe.get(key)
+        if isinstance(got, int) and got != want:
+            raise SourceError(
+                f"preprocessor_config.json says {key} {got} but the model takes {want} "
+                f"(input_features [batch, {mels}, {frames}]); fix one of the two",
+                where=where,
+            )
+    return mels, frames
+
+
+def audio_description(feature_extractor: Mapping[str, Any] | None) -> str:
+    """One line saying how audio becomes `input_features` (from the feature extractor)."""
+    fe = dict(feature_extractor or {})
+    parts = [
+        f"{k} {fe[k]}"
+        for k in ("sampling_rate", "n_fft", "hop_length", "chunk_length")
+        if isinstance(fe.get(k), int | float)
+    ]
+    where = f" ({', '.join(parts)})" if parts else ""
+    return (
+        f"log-mel spectrogram{where}: log10, floored 8 below its max, (x + 4) / 4, as "
+        "WhisperFeatureExtractor computes it"
+    )
+
+
 def task_of(config: Any) -> str:
     """The task the config's architectures name; an error for one this exporter cannot do.
 
     Without `architectures`: image features for image configs, else text features.
     """
     archs = list(getattr(config, "architectures", None) or [])
+    if is_audio(config):
+        return _audio_task_of(archs)
     for arch in archs:
         # longest suffix first: "BertForMaskedLM" must not match "Model"
         for suffix, task in sorted(_SUFFIXES.items(), key=lambda kv: -len(kv[0])):
@@ -186,6 +269,23 @@ def task_of(config: Any) -> str:
 
 
 _SUFFIXES = {suffix: name for name, task in TASKS.items() for suffix in task.suffixes}
+
+
+def _audio_task_of(archs: list[str]) -> str:
+    """Audio configs: a classifier keeps its head; the base model or a sequence-to-sequence
+    model (WhisperModel, WhisperForConditionalGeneration) exports its encoder."""
+    for arch in archs:
+        if arch.endswith("ForAudioClassification"):
+            return "audio-classification"
+        if arch.endswith(("Model", "ForConditionalGeneration")):
+            return "audio-feature-extraction"
+    if archs:
+        raise SourceError(
+            f"architecture {archs[0]} is not an audio task the auto exporter can export; it "
+            "exports audio-classification (*ForAudioClassification) and the encoder of "
+            "audio-feature-extraction (*Model, *ForConditionalGeneration)"
+        )
+    return "audio-feature-extraction"
 
 
 # Bounds for numbers read from a model's config files: larger is no input a model takes.
@@ -278,14 +378,16 @@ def catalog_components(
     config_path: Path | str = "config.json",
     source: Path | str = "preprocessor_config.json",
 ) -> dict[str, dict[str, Any]]:
-    """The `model` component's I/O contract for a config (and the image preprocessing of
-    its `preprocessor_config.json`, when given), without weights. Numbers from the config
-    are checked (a negative channel count is an error naming `config_path`)."""
+    """The `model` component's I/O contract for a config (and the image preprocessing or
+    audio features of its `preprocessor_config.json`, when given), without weights. Numbers
+    from the config are checked (a negative channel count is an error naming `config_path`)."""
     where = str(config_path)
 
     def field(name: str, default: Any, maximum: int = MAX_COUNT) -> int:
         return _whole(getattr(config, name, default), name, where, maximum)
 
+    if TASKS[task].modality == "audio":
+        return {"model": _audio_component(config, task, preprocessor, where)}
     if TASKS[task].modality == "image":
         channels = field("num_channels", 3, MAX_CHANNELS)
         pixel: dict[str, Any] = {"dtype": "float32", "range": [-1.0, 1.0]}
@@ -341,6 +443,30 @@ def catalog_components(
 def _hidden(config: Any, where: str) -> int:
     name = "hidden_size" if getattr(config, "hidden_size", 0) else "d_model"
     return _whole(getattr(config, name, 0), name, where, MAX_COUNT)
+
+
+def _audio_component(
+    config: Any, task: str, preprocessor: Mapping[str, Any] | None, where: str
+) -> dict[str, Any]:
+    mels, frames = audio_shape(config, preprocessor, where="init")
+    if task == "audio-classification":
+        output = ["batch", _whole(getattr(config, "num_labels", 2), "num_labels", where, MAX_COUNT)]
+    else:  # the encoder's states: one per position after the stride-2 convolution
+        output = ["batch", frames // 2, _hidden(config, where)]
+    return {
+        "task": task,
+        "dims": {"batch": 1},
+        "inputs": {
+            "input_features": {
+                "dtype": "float32",
+                "shape": ["batch", mels, frames],
+                # Whisper's scaling puts speech in about [-1, 1.5] (max/4 + 1 at the top)
+                "range": [-1.5, 1.5],
+                "description": audio_description(preprocessor),
+            }
+        },
+        "outputs": {TASKS[task].outputs[0]: {"dtype": "float32", "shape": output}},
+    }
 
 
 # Every catalog component of an auto entry is the one exported model.

@@ -16,7 +16,7 @@ class EmbeddingCosine(TaskMetric):
     """Cosine between the float and target embedding of each sample (each batch row)."""
 
     name = "embedding-cosine"
-    tasks = frozenset({"feature-extraction", "sentence-similarity"})
+    tasks = frozenset({"feature-extraction", "sentence-similarity", "audio-feature-extraction"})
     description = "cosine of each sample's embedding, float vs target: mean and worst"
     gates = {"cosine_worst": DefaultGate(0.95)}
 

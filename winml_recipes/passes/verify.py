@@ -286,9 +286,11 @@ class VerifyPass(Pass[VerifyConfig]):
             "on_target": config.on_target,
         }
         target = _run_or_bisect(src, feeds, options, ctx, out_dir)
-        _check_output_shapes(target.outputs[0], ctx)
+        advisory = _check_output_shapes(reference[0], target.outputs[0], ctx)
         metrics = compare_runs(reference, target.outputs)
         record: dict[str, Any] = {"samples": samples, **target.record}
+        if advisory:  # the file's declaration, not the model, was wrong: said, not failed
+            record["output_shapes_declared"] = advisory  # printed by presenter.advisory_shapes_line
         source = _data_source(config)
         if source or from_files:  # which data the metrics were measured on, and how many
             record["data_source"] = describe_source(source, contract, held_out=True)
@@ -389,8 +391,15 @@ def _data_source(config: VerifyConfig) -> dict[str, Any] | None:
     return source or None
 
 
-def _check_output_shapes(outputs: dict[str, Any], ctx: StepContext) -> None:
+def _check_output_shapes(
+    reference: dict[str, Any], outputs: dict[str, Any], ctx: StepContext
+) -> dict[str, dict[str, list]]:
+    """Each output's shape against the catalog's. A generated entry's shape (read from the
+    model file, `shape_advisory`) that the float model's own run contradicts is returned as
+    {output: {declared, ran}} when the candidate runs the float model's shape; anything
+    else that differs is an error."""
     contract = ctx.contract
+    advisory: dict[str, dict[str, list]] = {}
     for spec in contract.outputs:
         if spec.name not in outputs:
             raise PassError(
@@ -401,14 +410,19 @@ def _check_output_shapes(outputs: dict[str, Any], ctx: StepContext) -> None:
         known = dict(contract.dims)
         want = tuple(d if isinstance(d, int) else known.get(d) for d in spec.shape)
         mismatch = any(w is not None and w != g for w, g in zip(want, got, strict=False))
-        if len(got) != len(want) or mismatch:
-            shown = [d if isinstance(d, int) else known.get(d, d) for d in spec.shape]
-            raise PassError(
-                f"output '{spec.name}' has shape {list(got)}, the catalog says {shown}; where "
-                "the catalog entry was read from the model file (build --onnx, init), the file "
-                "declares a shape it does not produce: fix `outputs` in the entry `winml-recipes "
-                "init` writes and build that"
-            )
+        if len(got) == len(want) and not mismatch:
+            continue
+        shown = [d if isinstance(d, int) else known.get(d, d) for d in spec.shape]
+        ran = tuple(getattr(reference.get(spec.name), "shape", ()))
+        if spec.shape_advisory and spec.name in reference and ran == got:
+            advisory[spec.name] = {"declared": shown, "ran": list(ran)}
+            continue
+        raise PassError(
+            f"output '{spec.name}' has shape {list(got)}, the catalog says {shown}"
+            + (f" and the float model runs {list(ran)}" if spec.name in reference else "")
+            + "; fix the shape in the catalog entry (or the model, if it computes the wrong one)"
+        )
+    return advisory
 
 
 def _task_metric(

@@ -25,6 +25,9 @@ class TensorSpec:
     range: tuple[float, float] | None = None
     values: tuple[float, ...] | None = None
     image: ImagePreprocess | None = None
+    # outputs: the shape was read from the model file's declaration (generated entries), so a
+    # float run that contradicts it is reported, not failed (verify)
+    shape_advisory: bool = False
 
 
 @dataclass(frozen=True)
