@@ -43,6 +43,12 @@ def _target_schema() -> dict[str, Any]:
         "properties": {
             "device": {"enum": devices()},
             "precision": {"enum": precisions()},
+            "ep": {
+                "type": "string",
+                "minLength": 1,
+                "description": "Execution provider (an installed EP plugin's key or entry-point "
+                "name, e.g. openvino) when not the device's default (presets.yaml).",
+            },
         },
     }
 
@@ -312,8 +318,8 @@ def manifest_schema() -> dict[str, Any]:
             "cache_key": {"type": "string"},
             "metrics": {
                 "type": "object",
-                "description": "Pass metrics. verify adds verified_on (an EP key such as "
-                "qnn-htp, or cpu-simulation where the device's EP cannot load here), "
+                "description": "Pass metrics. verify adds verified_on (the key of the EP "
+                "it ran on, or cpu-simulation where the device's EP cannot load here), "
                 "execution_provider {key, provider, backend, available, versions | reason}, "
                 "placement {nodes, partitions per EP} and cpu_simulation {outputs}; quantize "
                 "with mixed_precision auto adds mixed_precision_auto (promoted[] with kind, "

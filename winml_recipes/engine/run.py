@@ -83,7 +83,7 @@ class ChainState:
 
 
 def output_dir_for(plan: Plan, root: Path) -> Path:
-    return root / plan.recipe.name / f"{plan.target.device}-{plan.target.precision}"
+    return root / plan.recipe.name / str(plan.target)
 
 
 def run_plan(
@@ -669,7 +669,7 @@ def _run_step(
         pass_version=impl.version,
         pass_code=code_digest(type(impl)),
         options=step.options,
-        target=[plan.target.device, plan.target.precision] if impl.target_dependent else None,
+        target=plan.target.key_parts() if impl.target_dependent else None,
         contract=contract_key(comp) if impl.uses_contract else None,
         # Upstream feeds depend on its model, its I/O contract and its calibration source.
         upstream={
@@ -840,7 +840,7 @@ def _manifest(plan: Plan, components: dict[str, Any], wall: float) -> dict[str, 
         # read it from here, also for `build --onnx`, whose generated catalog is deleted
         "catalog": r.catalog.data,
         **({"source": r.source} if r.source else {}),
-        "target": {"device": plan.target.device, "precision": plan.target.precision},
+        "target": plan.target.to_dict(),
         "wall_seconds": round(wall, 3),
         "components": components,
     }

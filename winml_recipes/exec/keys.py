@@ -56,9 +56,7 @@ def plan_keys(plan: Plan) -> dict[str, list[str]]:
                     "code": _code(type(impl)),
                     "options": step.options,
                     "skip": step.skip,
-                    "target": [plan.target.device, plan.target.precision]
-                    if impl.target_dependent
-                    else None,
+                    "target": plan.target.key_parts() if impl.target_dependent else None,
                     # a component without steps is its source
                     "upstream": {d: (keys[d] or [roots[d]])[-1] for d in deps},
                 }

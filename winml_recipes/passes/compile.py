@@ -91,7 +91,12 @@ class CompilePass(Pass[CompileConfig]):
         # A child process compiles: the same bytes wherever and after whatever it runs.
         try:
             compile_epcontext(
-                src, compiled, ep.key, embed=config.embed, provider_options=provider_options
+                src,
+                compiled,
+                ep.key,
+                embed=config.embed,
+                provider_options=provider_options,
+                device=ctx.target.device,
             )
         except ExecutionProviderError as exc:  # no node named: bisect to the failing region
             raise explain(exc, src, ep.key, provider_options=provider_options,

@@ -92,6 +92,9 @@ class QuantizePass(Pass[QuantizeOptions]):
             "device": device_settings(ctx.target.device).get("quantize"),
             "precision": precision_settings(ctx.target.precision),
         }
+        rules = provider_for(ctx.target).quant_rules
+        if rules is not None:  # the EP's rules (their code is not in the pass's digest)
+            preset["ep_rules"] = [type(rules).__module__, type(rules).__qualname__, rules.name]
         if not isinstance(config.mixed_precision, MixedAuto):
             return {"data": data, "preset": preset}
         # Automatic mixed precision scores candidates on the target's EP where it loads.
