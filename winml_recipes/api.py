@@ -23,10 +23,12 @@ def load(
     defines: dict[str, Any] | None = None,
     catalog_dir: Path | None = None,
     source: str | None = None,
+    ep: str | None = None,
 ) -> Recipe:
     """Render, parse and validate a recipe for one target (default: its first target).
 
-    `source` picks one of the catalog's named sources (e.g. "int8" for sam3).
+    `source` picks one of the catalog's named sources (e.g. "int8" for sam3); `ep` one of
+    the targets of a device and precision by execution provider.
     """
     return load_recipe(
         recipe,
@@ -35,6 +37,7 @@ def load(
         defines=defines,
         catalog_dir=catalog_dir,
         source=source,
+        ep=ep,
     )
 
 
@@ -336,9 +339,10 @@ def perf(
     throughput and peak memory per component and for the whole pipeline.
 
     `builds`: build folders (build/<recipe>/<device>-<precision>) or recipes (every target
-    built under `output_root`), compared in one report. The EP is `ep` (a key: cpu,
-    qnn-htp), else `device`'s, else each build target's device's. Each row runs in a fresh
-    process; QNN HTP rows on an x86_64 host are labelled as emulation (`emulated`, `note`).
+    built under `output_root`), compared in one report. The EP is `ep` (an EP plugin's
+    key), else `device`'s, else each build target's. Each row runs in a fresh process; rows on
+    an EP whose plugin says it is emulated here (an NPU's on an x86_64 host) are labelled as
+    emulation (`emulated`, `note`).
     """
     from winml_recipes.perf import perf as run_perf
 

@@ -131,9 +131,9 @@ def _load_kwargs(device, precision, defines, catalog_dir, source) -> dict[str, A
 def main(ctx: click.Context, debug: bool) -> None:
     """Build ONNX models for on-device inference from declarative recipes.
 
-    Each device builds for an execution provider (cpu: CPU EP; npu: QNN HTP, from the
-    onnxruntime-qnn package; gpu: DirectML). verify runs the candidate on it; `passes` shows
-    which of them this machine can load.
+    Each device builds for a default execution provider (an EP plugin) and a recipe target
+    may name another. verify runs the candidate on it; `passes` shows which of them this
+    machine can load.
     """
     ctx.obj = {"debug": debug}
 
@@ -516,7 +516,7 @@ def _print_summary(m: dict[str, Any], output_dir) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def passes(as_json) -> None:
     """List the registered passes (devices, precisions) and the execution providers this
-    machine can load (QNN HTP for npu: `pip install onnxruntime-qnn`)."""
+    machine can load (an EP that cannot says why, e.g. which package it needs)."""
     from winml_recipes.sdk.passes import all_passes, describe_support
 
     rows = []
@@ -827,7 +827,7 @@ def _compare_row(rank: int, row: dict[str, Any], first: bool) -> str:
 
 @main.command()
 @click.argument("builds", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--ep", help="Execution provider key (cpu, qnn-htp; default: the target's).")
+@click.option("--ep", help="Execution provider key (see `passes`; default: the target's).")
 @click.option("--device", help="Time on this device's EP instead (cpu, npu).")
 @click.option("--iterations", default=50, show_default=True, type=click.IntRange(1))
 @click.option("--warmup", default=5, show_default=True, type=click.IntRange(0))

@@ -32,22 +32,17 @@ import numpy as np
 
 from winml_recipes.buildfolder import BuildFolder, BuiltComponent, open_build
 
-EMULATED_HTP = "emulated HTP (x86_64), not device latency"
 DEFAULT_ITERATIONS = 50
 DEFAULT_WARMUP = 5
 TIMEOUT_SECONDS = 3600.0
 PIPELINE = "pipeline"
-_X86_64 = {"x86_64", "amd64", "x64"}
 
 
 def emulation_note(ep_key: str) -> str | None:
-    """Why times on this EP are not the device's: QNN HTP on an x86_64 host is emulated."""
+    """Why times on this EP are not the device's (its plugin says: e.g. an emulator)."""
     from winml_recipes.runtime.providers import get_provider
 
-    ep = get_provider(ep_key)
-    if ep.backend == "htp" and platform.machine().lower() in _X86_64:
-        return EMULATED_HTP
-    return None
+    return get_provider(ep_key).emulation_note()
 
 
 def resolve_builds(
@@ -336,8 +331,8 @@ def format_table(report: dict[str, Any]) -> list[str]:
             f"{lat['p99']:>8.2f} {row['throughput_per_s']:>8.1f} "
             f"{peak:>8} {added:>6}"
         )
-    if any(r["emulated"] for r in report["rows"]):
-        lines.append(f"* {EMULATED_HTP}")
+    for note in dict.fromkeys(r["note"] for r in report["rows"] if r["emulated"]):
+        lines.append(f"* {note}")
     lines.append(
         f"{report['iterations']} timed runs after {report['warmup']} warm-up runs, batch 1; "
         "pipeline: every component per run, on the deployable files"

@@ -30,12 +30,20 @@ def precisions() -> list[str]:
 _check = check_known
 
 
-def resolve_target(device: str, precision: str) -> Target:
-    """Validate a device/precision pair against the presets; never a silent default."""
+def resolve_target(device: str, precision: str, ep: str | None = None) -> Target:
+    """Validate a device/precision pair (and the EP a recipe names, an installed EP plugin
+    that serves the device) against the presets; never a silent default. The device's
+    default EP named explicitly is the same target as no EP named."""
+    from winml_recipes.sdk.ep import check_serves, ep_key, get_ep
+
     _check(device, devices(), "device")
     _check(precision, precisions(), "precision")
-    ep = str(presets()["devices"][device].get("execution_provider", "cpu"))
-    return Target(device, precision, ep)
+    default = str(presets()["devices"][device].get("execution_provider", "cpu"))
+    if ep is None or ep_key(ep) == default:
+        return Target(device, precision, default)
+    plugin = get_ep(ep)
+    check_serves(plugin, device)
+    return Target(device, precision, plugin.key, ep=plugin.key)
 
 
 def precision_settings(precision: str) -> dict[str, Any]:

@@ -457,11 +457,13 @@ def load_recipe(
     defines: dict[str, Any] | None = None,
     catalog_dir: Path | None = None,
     source: str | None = None,
+    ep: str | None = None,
 ) -> Recipe:
     """Load a recipe for one target; unspecified parts come from its first matching target.
 
     `source` picks one of the catalog's named `sources` (default: the recipe's `source:`,
-    else the first one listed).
+    else the first one listed). `ep` picks among targets of one device and precision by
+    execution provider.
     """
     path = Path(path)
     if not path.is_file():
@@ -474,8 +476,10 @@ def load_recipe(
     catalog = _load_catalog(peeked[0], catalog_dir, f"{path}:{peeked[1]}") if peeked else None
     # First pass: learn the declared targets (rendered with the requested or placeholder values).
     probe = _render_and_validate(path, device or "cpu", precision or "fp32", defines, catalog)
-    targets = tuple(resolve_target(t["device"], t["precision"]) for t in probe.data["targets"])
-    chosen = _choose_target(targets, device, precision, probe, path)
+    targets = tuple(
+        resolve_target(t["device"], t["precision"], t.get("ep")) for t in probe.data["targets"]
+    )
+    chosen = _choose_target(targets, device, precision, probe, path, ep)
     loaded = probe
     if (chosen.device, chosen.precision) != (device or "cpu", precision or "fp32"):
         loaded = _render_and_validate(path, chosen.device, chosen.precision, defines, catalog)
@@ -600,16 +604,25 @@ def _choose_target(
     precision: str | None,
     loaded: LoadedYaml,
     path: Path,
+    ep: str | None = None,
 ) -> Target:
     if device is not None:
         resolve_target(device, precision or targets[0].precision)
     if precision is not None:
         resolve_target(device or targets[0].device, precision)
+    if ep is not None:
+        from winml_recipes.sdk.ep import ep_key
+
+        ep = ep_key(ep)
     for t in targets:
-        if device in (None, t.device) and precision in (None, t.precision):
+        if (
+            device in (None, t.device)
+            and precision in (None, t.precision)
+            and (ep is None or ep in (t.ep, t.execution_provider))
+        ):
             return t
-    declared = ", ".join(f"{t.device}/{t.precision}" for t in targets)
-    asked = f"{device or '*'}/{precision or '*'}"
+    declared = ", ".join(t.label for t in targets)
+    asked = f"{device or '*'}/{precision or '*'}" + (f"/{ep}" if ep else "")
     raise RecipeError(
         f"$.targets: {asked} is not a target of this recipe (declared: {declared}); "
         "add it to targets",

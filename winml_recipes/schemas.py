@@ -43,6 +43,12 @@ def _target_schema() -> dict[str, Any]:
         "properties": {
             "device": {"enum": devices()},
             "precision": {"enum": precisions()},
+            "ep": {
+                "type": "string",
+                "minLength": 1,
+                "description": "Execution provider (an installed EP plugin's key or entry-point "
+                "name, e.g. openvino) when not the device's default (presets.yaml).",
+            },
         },
     }
 

@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import RECIPES, REPO, cli
 from winml_recipes import api
-from winml_recipes.perf import EMULATED_HTP
+from winml_recipes.eps.qnn import EMULATED_HTP
 
 ITERATIONS = ("--iterations", "5", "--warmup", "1")
 

@@ -323,10 +323,10 @@ PLAN_CONTRADICTIONS = [
     pytest.param(
         "npu",
         "uint8",
-        "  - quantize: {format: qoperator, qnn: true}\n",
-        "quantize: format qoperator cannot be used with qnn (QNN needs QDQ); set format: qdq "
-        "or qnn: false",
-        id="qoperator-with-qnn",
+        "  - quantize: {format: qoperator, ep_rules: true}\n",
+        "quantize: format qoperator cannot be used with ep_rules (qnn-htp needs QDQ); "
+        "set format: qdq or ep_rules: false",
+        id="qoperator-with-ep-rules",
     ),
     pytest.param(
         "cpu",
@@ -436,22 +436,22 @@ def _check_static_metrics(
 
 
 @pytest.mark.parametrize(
-    ("target", "act", "weight", "qnn"),
+    ("target", "act", "weight", "rules"),
     [
-        (("npu", "uint8"), np.uint8, np.uint8, True),
-        (("cpu", "int8"), np.int8, np.int8, False),
-        (("npu", "w8a16"), np.uint16, np.uint8, True),
-        (("cpu", "uint8"), np.uint8, np.uint8, False),
+        (("npu", "uint8"), np.uint8, np.uint8, "qnn"),
+        (("cpu", "int8"), np.int8, np.int8, None),
+        (("npu", "w8a16"), np.uint16, np.uint8, "qnn"),
+        (("cpu", "uint8"), np.uint8, np.uint8, None),
     ],
     ids=lambda v: "-".join(v) if isinstance(v, tuple) else None,
 )
-def test_static_mlp(mlp_builds, target, act, weight, qnn) -> None:
+def test_static_mlp(mlp_builds, target, act, weight, rules) -> None:
     result = mlp_builds[target]
     model = load(result)
     _check_static_metrics(result, model, samples=5)
     m = qmetrics(result)
     assert (m["activation_type"], m["weight_type"]) == (np.dtype(act).name, np.dtype(weight).name)
-    assert (m["mode"], m["format"], m["qnn"]) == ("static", "qdq", qnn)
+    assert (m["mode"], m["format"], m["ep_rules"]) == ("static", "qdq", rules)
     activations = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
     assert activations and all(zp_type(model, n) == act for n in activations)
     weights = [
@@ -513,7 +513,11 @@ def test_qoperator_format(mproj: Project) -> None:
     assert counts["QLinearMatMul"] == 2 and counts["MatMul"] == 0
     assert counts["QuantizeLinear"] == 1 and counts["DequantizeLinear"] == 1  # at the edges
     m = qmetrics(result)
-    assert (m["format"], m["qnn"], m["nodes_quantized_by_op"]["MatMul"]) == ("qoperator", False, 2)
+    assert (m["format"], m["ep_rules"], m["nodes_quantized_by_op"]["MatMul"]) == (
+        "qoperator",
+        None,
+        2,
+    )
     assert inits_of(model)["x_zero_point"].dtype == np.int8
 
 
@@ -965,7 +969,7 @@ def test_sam3_w8a16_quality_contract(sam3) -> None:
         assert verify["verified_on"] == "qnn-htp" and verify["cpu_fallback_allowed"] is False
         m = qmetrics(result, comp)
         assert m["matmul_conv_quantized_fraction"] >= 0.9, comp
-        assert (m["activation_type"], m["weight_type"], m["qnn"]) == ("uint16", "uint8", True)
+        assert (m["activation_type"], m["weight_type"], m["ep_rules"]) == ("uint16", "uint8", "qnn")
     assert qmetrics(result, DECODER)["calibration_source"] == (
         "inputs_from: vision_encoder; 4x4 grid prompts: fg point, bg point or padding, box"
     )
@@ -997,7 +1001,7 @@ def test_sam3_cpu_int8_builds_both_components(sam3) -> None:
         assert steps["quantize"]["status"] in ("ran", "cached")
         assert steps["verify"]["status"] in ("ran", "cached")
         m = qmetrics(result, comp)
-        assert (m["activation_type"], m["weight_type"], m["qnn"]) == ("int8", "int8", False)
+        assert (m["activation_type"], m["weight_type"], m["ep_rules"]) == ("int8", "int8", None)
         assert m["matmul_conv_quantized_fraction"] >= 0.9
         model = load(result, comp)
         q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear")

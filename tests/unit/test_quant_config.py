@@ -45,17 +45,18 @@ def test_precision_sets_the_types(device, precision, activation, weight) -> None
     assert (c.activation_type, c.weight_type) == (activation, weight)
 
 
-def test_npu_preset_is_static_qdq_with_qnn_rules() -> None:
+def test_npu_preset_is_static_qdq_with_its_eps_rules() -> None:
     c = cfg("npu", "uint8")
-    assert (c.mode, c.format, c.qnn, c.per_channel) == ("static", "qdq", True, True)
+    assert (c.mode, c.format, c.ep_rules, c.per_channel) == ("static", "qdq", True, True)
+    assert c.ep == "qnn-htp"
     assert c.calibration == CalibrationConfig()
     assert (c.calibration.method, c.calibration.samples, c.calibration.seed) == ("minmax", 16, 0)
 
 
 @pytest.mark.parametrize("device", ["cpu", "gpu"])
-def test_cpu_and_gpu_presets_have_no_qnn_rules(device) -> None:
+def test_cpu_and_gpu_presets_have_no_ep_rules(device) -> None:
     c = cfg(device, "int8")
-    assert (c.mode, c.format, c.qnn, c.per_channel) == ("static", "qdq", False, True)
+    assert (c.mode, c.format, c.ep_rules, c.per_channel) == ("static", "qdq", False, True)
 
 
 def test_device_default_precisions() -> None:
@@ -77,12 +78,12 @@ def test_recipe_options_override_the_presets() -> None:
         "uint8",
         activation_type="uint16",
         per_channel=True,
-        qnn=False,
+        ep_rules=False,
         op_types=["MatMul"],
         exclude=["mm*"],
         calibration={"method": "entropy", "samples": 3, "seed": 7, "num_bins": 512},
     )
-    assert (c.activation_type, c.weight_type, c.per_channel, c.qnn) == (
+    assert (c.activation_type, c.weight_type, c.per_channel, c.ep_rules) == (
         "uint16",
         "uint8",
         True,
@@ -158,10 +159,10 @@ def test_float_precision_is_not_quantized(precision) -> None:
 CONTRADICTIONS = [
     pytest.param(
         "npu",
-        {"format": "qoperator", "qnn": True},
-        "quantize: format qoperator cannot be used with qnn (QNN needs QDQ); "
-        "set format: qdq or qnn: false",
-        id="qoperator-with-qnn",
+        {"format": "qoperator", "ep_rules": True},
+        "quantize: format qoperator cannot be used with ep_rules (qnn-htp needs QDQ); "
+        "set format: qdq or ep_rules: false",
+        id="qoperator-with-ep-rules",
     ),
     pytest.param(
         "cpu",
@@ -173,16 +174,15 @@ CONTRADICTIONS = [
     pytest.param(
         "npu",
         {"mode": "dynamic"},
-        "quantize: npu runs static QDQ models (QNN); mode: dynamic writes integer ops it "
+        "quantize: npu runs static QDQ models (qnn-htp); mode: dynamic writes integer ops it "
         "cannot run; use mode: static",
         id="dynamic-on-npu",
     ),
     pytest.param(
         "cpu",
-        {"mode": "dynamic", "qnn": True},
-        "quantize: qnn needs mode: static (QNN runs static QDQ models); set qnn: false or "
-        "mode: static",
-        id="qnn-in-dynamic-mode",
+        {"mode": "dynamic", "ep_rules": True},
+        "quantize: the execution provider cpu has no quantization rules; remove ep_rules",
+        id="ep-rules-without-rules",
     ),
     pytest.param(
         "cpu",
@@ -285,9 +285,9 @@ def test_percentile_with_method_percentile_is_accepted() -> None:
     assert (c.calibration.method, c.calibration.percentile) == ("percentile", 99.0)
 
 
-def test_qoperator_is_accepted_off_qnn() -> None:
+def test_qoperator_is_accepted_without_ep_rules() -> None:
     c = cfg("cpu", "int8", format="qoperator")
-    assert (c.format, c.qnn) == ("qoperator", False)
+    assert (c.format, c.ep_rules) == ("qoperator", False)
 
 
 # --------------------------------------------------------------------------- schema

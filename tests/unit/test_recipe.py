@@ -583,9 +583,9 @@ def test_unknown_key_format_is_exact(project: Path) -> None:
         ),
         ("{device: cpu}", 5, "$.targets[0]: 'precision' is required"),
         (
-            "{device: cpu, precision: fp32, ep: qnn}",
+            "{device: cpu, precision: fp32, provider: x}",
             5,
-            "$.targets[0]: unknown key 'ep'; allowed: device, precision",
+            "$.targets[0]: unknown key 'provider'; allowed: device, precision, ep",
         ),
     ],
 )

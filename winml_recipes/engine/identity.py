@@ -39,7 +39,9 @@ class StepIdentity:
     pass_version: int
     pass_code: str | None  # digest of the pass's code (engine/code_digest.py)
     options: dict[str, Any]
-    target: list[str] | None  # [device, precision] for target-dependent passes
+    # target-dependent passes: [device, precision, (ep)] and the digest of the code of the
+    # target's EP plugin (found by entry point, so the pass's own imports do not reach it)
+    target: list[str] | None
     contract: Any  # the component's I/O contract, for passes that use it
     upstream: dict[str, Any]  # what the step reads of other components (inputs_from)
     extra: Any  # Pass.key_material: data-file digests, the target's EP, ...
@@ -73,12 +75,20 @@ def identify(
         pass_version=impl.version,
         pass_code=pass_code(type(impl)),
         options=options,
-        target=[target.device, target.precision] if impl.target_dependent else None,
+        target=[*target.key_parts(), ep_code(target)] if impl.target_dependent else None,
         contract=contract_key(contract) if impl.uses_contract else None,
         upstream=upstream,
         extra=extra,
         seed=seed,
     )
+
+
+def ep_code(target: Target) -> str:
+    """The digest of the code of the EP plugin `target` builds for (its module's closure)."""
+    from winml_recipes.runtime.providers import provider_for
+
+    ep = provider_for(target)
+    return code_digest(type(ep.quant_rules) if ep.quant_rules else type(ep)) + code_digest(type(ep))
 
 
 def contract_key(contract: IOContract) -> dict[str, Any]:

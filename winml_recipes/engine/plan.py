@@ -67,7 +67,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return {
             "recipe": self.recipe.name,
-            "target": {"device": self.target.device, "precision": self.target.precision},
+            "target": self.target.to_dict(),
             "components": {
                 c.name: {
                     "source": c.source.to_manifest(),

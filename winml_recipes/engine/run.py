@@ -103,7 +103,7 @@ class ChainState:
 
 
 def output_dir_for(plan: Plan, root: Path) -> Path:
-    return root / plan.recipe.name / f"{plan.target.device}-{plan.target.precision}"
+    return root / plan.recipe.name / str(plan.target)
 
 
 def run_plan(
@@ -859,7 +859,7 @@ def _manifest(plan: Plan, components: dict[str, ComponentRecord], wall: float) -
         # read it from here, also for `build --onnx`, whose generated catalog is deleted
         catalog=r.catalog.data,
         source=r.source or None,
-        target=TargetRecord(device=plan.target.device, precision=plan.target.precision),
+        target=TargetRecord(**plan.target.to_dict()),
         wall_seconds=round(wall, 3),
         components=components,
     )

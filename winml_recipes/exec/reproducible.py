@@ -3,12 +3,13 @@ the fields that describe one run (times anywhere, e.g. a step's `wall_seconds` o
 export's `export_seconds`; memory peaks; whether a step ran or came from the cache, and
 whether the upstream forwards a calibration needs were computed or read from the store).
 
-One exception, outside this tool's reach: the QNN HTP serializer copies some of the
-compiling process's memory into padding of its context binaries (`*_qnn.bin`): compiling
-the sam3-tiny decoder graph twice in fresh processes gives binaries of the same size that
-differ in 70-78 bytes of one region (heap and stack pointers, a code address, a
-per-process random value; overwriting them all leaves the outputs on HTP bit-identical;
-no provider option changes it). They count by size only; the EPContext model that points
+One exception, outside this tool's reach: an EP's serializer may copy some of the compiling
+process's memory into padding of its context binaries (the EP's plugin names them:
+`unreproducible_artifacts`; e.g. the NPU's HTP binaries of the sam3-tiny decoder, compiled
+twice in fresh processes, have the same size and differ in 70-78 bytes of one region: heap
+and stack pointers, a code address, a per-process random value; overwriting them all
+leaves the outputs on HTP bit-identical; no provider option changes it). They count by size
+only; the EPContext model that points
 at them must still be identical, and the compile step checks each binary against the
 uncompiled model on the EP.
 """
@@ -25,17 +26,25 @@ from winml_recipes.onnx.io import file_sha256
 # Step fields that say how this run went, not what it made. memory_estimate_mb is recorded
 # only when a step ran (a cached step has no estimate to make).
 RUN_FIELDS = ("wall_seconds", "peak_rss_mb", "memory_estimate_mb")
-NOT_REPRODUCED = re.compile(r".*_qnn\.bin")  # QNN context binaries (see above)
+
+
+def _not_reproduced(name: str) -> bool:
+    """Whether an EP plugin says files named so are not reproducible byte for byte."""
+    from winml_recipes.sdk.ep import execution_providers
+
+    patterns = [ep.unreproducible_artifacts for ep in execution_providers().values()]
+    return any(re.fullmatch(p, name) for p in patterns if p)
 
 
 def _without_unreproduced_digests(value: Any) -> Any:
-    """File records ({name or path, size_bytes, sha256}) of QNN binaries keep their size."""
+    """File records ({name or path, size_bytes, sha256}) of unreproducible binaries keep
+    their size."""
     if isinstance(value, dict):
         name = str(value.get("name") or value.get("path") or "")
         return {
             k: _without_unreproduced_digests(v)
             for k, v in value.items()
-            if not (k == "sha256" and NOT_REPRODUCED.fullmatch(Path(name).name))
+            if not (k == "sha256" and _not_reproduced(Path(name).name))
         }
     if isinstance(value, list):
         return [_without_unreproduced_digests(v) for v in value]
@@ -82,7 +91,7 @@ def fingerprint(out_dir: Path) -> dict[str, Any]:
             out[rel] = comparable_manifest(json.loads(path.read_text()))
         elif rel == "report.html":  # a view of the manifest with its times and paths
             out[rel] = "present"
-        elif NOT_REPRODUCED.fullmatch(path.name):
+        elif _not_reproduced(path.name):
             out[rel] = {"size_bytes": path.stat().st_size}
         else:
             out[rel] = file_sha256(path)

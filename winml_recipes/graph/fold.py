@@ -1,7 +1,7 @@
 """Constant folding once shapes are static: Shape, Range, ConstantOfShape, Expand, ...
 
 With static input shapes, the subgraphs a model uses to compute sizes, anchor grids or
-position ids at run time (Shape -> Gather -> Range -> ...) compute constants. QNN HTP
+position ids at run time (Shape -> Gather -> Range -> ...) compute constants. HTP (the npu's EP)
 refuses Range and several other shape ops, so they are folded into initializers here by
 onnxscript's constant folder (its node-level shape inference makes Shape constant once
 the input shapes are). The folder also inlines the taken branch of an `If` whose condition
@@ -37,8 +37,8 @@ class FoldResult:
 
 
 # Scatter inputs (data, updates) that stay computed: sam3-tiny's decoder, folded, had its
-# last ScatterElements' updates become a quantized initializer, and QNN HTP then failed to
-# finalize the w8a16 and uint8 graphs (QNN_COMMON_ERROR_MEM_ALLOC; the same as exported
+# last ScatterElements' updates become a quantized initializer, and HTP then failed to
+# finalize the w8a16 and uint8 graphs (a MEM_ALLOC error; the same as exported
 # finalized). HTP runs what feeds them either way: nothing it refuses is kept.
 _KEEP_FEEDING = {"ScatterElements": (0, 2), "ScatterND": (0, 2), "Scatter": (0, 2)}
 

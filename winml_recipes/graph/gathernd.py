@@ -1,4 +1,4 @@
-"""GatherND with constant indices as Gather or Slice (+ Reshape): QNN HTP refuses GatherND.
+"""GatherND with constant indices as Gather or Slice (+ Reshape): HTP refuses GatherND.
 
 With indices `I` of shape [B..., M..., k] (b batch dims) into data of static shape
 [B..., D1..Dk, R...], every index tuple names one row of data flattened to

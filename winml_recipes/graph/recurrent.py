@@ -1,6 +1,6 @@
 """LSTM and GRU unrolled over their static sequence length (exact in float).
 
-QNN HTP cannot finalize graphs holding LSTM (QNN_COMMON_ERROR_MEM_ALLOC on a 1 MB model);
+HTP (the npu's EP) cannot finalize graphs holding LSTM (a MEM_ALLOC error on a 1 MB model);
 written as MatMul / Add / Sigmoid / Tanh / Mul per time step, the same arithmetic reaches
 the NPU. The input projection of all time steps is one MatMul ([seq, batch, in] x
 [in, gates*hidden], biases added once); each step adds its slice to the recurrent MatMul.
@@ -287,7 +287,7 @@ def unroll_recurrent(model: ir.Model, log: RewriteLog) -> dict[str, int]:
                 rule,
                 node.name,
                 f"the model's recurrent nodes unroll to {total} steps x directions in all, over "
-                f"{MAX_MODEL_STEPS} (QNN HTP's graph preparation of the unrolled graph takes "
+                f"{MAX_MODEL_STEPS} (the NPU EP's graph preparation of the unrolled graph takes "
                 "longer than running it)",
             )
             continue

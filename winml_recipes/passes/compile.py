@@ -1,7 +1,8 @@
-"""compile: an EPContext model for the target's execution provider (QNN HTP).
+"""compile: an EPContext model for the target's execution provider (its plugin says
+whether it compiles: `compiles = "epcontext"`).
 
-Creating a QNN session with `ep.context_enable=1` makes the EP compile the graph and write
-`model_ctx.onnx` (an `EPContext` node holding, or pointing at, the QNN context binary):
+Creating a session on the EP with `ep.context_enable=1` makes it compile the graph and write
+`model_ctx.onnx` (an `EPContext` node holding, or pointing at, the EP's context binary):
 what a device loads without compiling again. The compiled model is then loaded back on the
 same EP and its outputs compared with the uncompiled model's on that EP.
 """
@@ -29,11 +30,11 @@ class CompileConfig:
         "Hexagon architecture to compile for (e.g. 73 for Snapdragon X Elite). Default: the EP's.",
     )
     soc_model: int | None = option(
-        None, "QNN SoC model id (e.g. 60 for Snapdragon X Elite). Default: the EP's.", minimum=0
+        None, "SoC model id (e.g. 60 for Snapdragon X Elite). Default: the EP's.", minimum=0
     )
     embed: bool = option(
         False,
-        "Embed the context binary in model_ctx.onnx (default: a model_ctx_qnn.bin file beside it).",
+        "Embed the context binary in model_ctx.onnx (default: a .bin file beside it).",
     )
     keep_uncompiled: bool = option(True, "Ship model.onnx beside the compiled model.")
     require_ep: bool = option(
@@ -49,15 +50,18 @@ class CompileConfig:
 class CompilePass(Pass[CompileConfig]):
     name = "compile"
     version = 1
-    summary = "EPContext model for the target's EP (QNN HTP): compiled once, loaded as is."
+    summary = "EPContext model for the target's EP (e.g. an NPU's): compiled once, loaded as is."
     devices = frozenset({"npu"})
     uses_contract = True
 
     def skip_reason(self, facts: ModelFacts, config: CompileConfig, target: Target) -> str | None:
         from winml_recipes.sdk.runtime import provider_for
 
-        if provider_for(target).is_cpu:
+        ep = provider_for(target)
+        if ep.is_cpu:
             return "the target's execution provider is the CPU EP: nothing to compile"
+        if ep.compiles is None:
+            return f"the target's execution provider {ep.key} compiles nothing ahead of time"
         return None
 
     def key_material(self, config: CompileConfig, ctx: StepContext) -> Any:
@@ -87,23 +91,27 @@ class CompilePass(Pass[CompileConfig]):
                 raise PassError(f"{ep.provider} cannot be used here: {avail.reason}")
             return StepResult(skipped=f"{ep.provider} not available here: {avail.reason}")
         compiled = out_dir / COMPILED
-        provider_options = {
-            k: str(v)
-            for k, v in (("htp_arch", config.htp_arch), ("soc_model", config.soc_model))
-            if v is not None
-        }
+        provider_options = _provider_options(config, ep)
         # A child process compiles: the same bytes wherever and after whatever it runs.
         try:
             compile_epcontext(
-                src, compiled, ep.key, embed=config.embed, provider_options=provider_options
+                src,
+                compiled,
+                ep.key,
+                embed=config.embed,
+                provider_options=provider_options,
+                device=ctx.target.device,
             )
         except ExecutionProviderError as exc:  # no node named: bisect to the failing region
             raise explain(exc, src, ep.key, provider_options=provider_options,
                           progress=ctx.progress) from None  # fmt: skip
         if not compiled.is_file():
             raise PassError(f"{ep.provider} wrote no EPContext model")
-        uncompiled = open_session(src, ep.key, fallback=False, provider_options=provider_options)
-        loaded = open_session(compiled, ep.key, fallback=False)
+        device = ctx.target.device
+        uncompiled = open_session(
+            src, ep.key, fallback=False, provider_options=provider_options, device=device
+        )
+        loaded = open_session(compiled, ep.key, fallback=False, device=device)
         feeds = take(
             synthetic(ctx.contract, config.samples, config.seed + ctx.seed),
             config.samples,
@@ -129,3 +137,19 @@ class CompilePass(Pass[CompileConfig]):
             artifacts=(COMPILED, *artifacts),
             ship_model=config.keep_uncompiled,
         )
+
+
+def _provider_options(config: CompileConfig, ep: Any) -> dict[str, str]:
+    """The compile options the recipe set, as the EP's provider options (its plugin's
+    `compile_options` names them); an option the EP does not take is an error."""
+    out = {}
+    for name in ("htp_arch", "soc_model"):
+        value = getattr(config, name)
+        if value is None:
+            continue
+        if name not in ep.compile_options:
+            raise PassError(
+                f"compile: {name} is not an option of the {ep.key} execution provider; remove it"
+            )
+        out[ep.compile_options[name]] = str(value)
+    return out

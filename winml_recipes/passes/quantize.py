@@ -1,4 +1,4 @@
-"""quantize: static QDQ (real calibration, QNN rules, mixed precision) or dynamic.
+"""quantize: static QDQ (real calibration, the EP's rules, mixed precision) or dynamic.
 
 The options are the project's one quantization config (winml_recipes.quant.config);
 precision and device presets fill what the recipe leaves out.
@@ -11,7 +11,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from winml_recipes.quant.config import MixedAuto, QuantConfig, QuantizeOptions, resolve
+from winml_recipes.quant.config import (
+    MixedAuto,
+    QuantConfig,
+    QuantizeOptions,
+    quant_rules,
+    resolve,
+)
+from winml_recipes.sdk.ep import get_ep
 from winml_recipes.sdk.passes import Pass, check_component, model_file, register
 from winml_recipes.sdk.presets import precisions_of_kind
 from winml_recipes.sdk.target import Target
@@ -31,7 +38,7 @@ HELD_OUT_KEYS = ("npz", "images", "dataset")
 class QuantizePass(Pass[QuantizeOptions]):
     name = "quantize"
     version = 7
-    summary = "Static (calibrated QDQ, QNN rules, mixed precision) or dynamic quantization."
+    summary = "Static (calibrated QDQ, the EP's rules, mixed precision) or dynamic quantization."
     precisions = precisions_of_kind("integer")
     uses_contract = True
     once_per_component = True  # one component is quantized once
@@ -85,6 +92,9 @@ class QuantizePass(Pass[QuantizeOptions]):
             "device": device_settings(ctx.target.device).get("quantize"),
             "precision": precision_settings(ctx.target.precision),
         }
+        rules = provider_for(ctx.target).quant_rules
+        if rules is not None:  # the EP's rules (their code is not in the pass's digest)
+            preset["ep_rules"] = [type(rules).__module__, type(rules).__qualname__, rules.name]
         if not isinstance(config.mixed_precision, MixedAuto):
             return {"data": data, "preset": preset}
         # Automatic mixed precision scores candidates on the target's EP where it loads.
@@ -212,7 +222,13 @@ def _static(
 
         model = upgraded
         src = save_model(model, ctx.work_dir / "opset-upgraded" / "model.onnx")
-    # (HTP's float rewrites run before: the `htp` stage of the prepare pass)
+    rules = quant_rules(cfg)
+    # the EP's float rewrites (e.g. HTP's): metrics of what they changed
+    ep_metrics: dict[str, Any] = rules.before_calibration(model) if rules is not None else {}
+    if _changed(ep_metrics):
+        from winml_recipes.sdk.models import save_model
+
+        src = save_model(model, ctx.work_dir / "float-simplified" / "model.onnx")
     tensors = tensors_to_calibrate(model, list(cfg.op_types) or None)
     # Histogram settings the recipe leaves unset keep the calibrator's defaults.
     histogram = {k: v for k in ("num_bins", "percentile") if (v := getattr(cal, k)) is not None}
@@ -248,33 +264,18 @@ def _static(
         sentinels=sentinels,
     )
     calibration_seconds = time.perf_counter() - started
-    unseen: list[str] = []
-    if sentinels or cfg.qnn:
-        from winml_recipes.quant.calibrate import (
-            replace_sentinel_constants,
-            replace_unseen_sentinels,
-        )
+    if sentinels or rules is not None:
+        from winml_recipes.quant.calibrate import replace_sentinel_constants
         from winml_recipes.sdk.models import save_model
 
         changed = bool(sentinels) and bool(replace_sentinel_constants(model, sentinels))
-        if cfg.qnn:
-            unseen = replace_unseen_sentinels(model)
-        if changed or unseen:
+        after = rules.after_calibration(model) if rules is not None else {}
+        ep_metrics.update(after)
+        if changed or _changed(after):
             src = save_model(model, ctx.work_dir / "finite-sentinels" / "model.onnx")
-    shared: list[list[str]] = []
-    widened: dict[str, list[str]] = {}
-    if cfg.qnn:
-        from winml_recipes.quant.htp_rules.encodings import (
-            shared_encoding_groups,
-            unify_ranges,
-            widen_add_outputs,
-            widen_softmax_inputs,
-        )
-
-        ranges, widened["softmax_inputs"] = widen_softmax_inputs(model, ranges)
-        ranges, widened["add_outputs"] = widen_add_outputs(model, ranges)
-        shared = shared_encoding_groups(model, tensors)
-        ranges = unify_ranges(ranges, shared)
+    if rules is not None:
+        ranges, adjusted = rules.adjust_ranges(model, ranges, tensors)
+        ep_metrics.update(adjusted)
     ranges_path = ctx.work_dir / "ranges.json"
     write_ort_cache(ranges, ranges_path)
     overrides, float_nodes = compile_regions(cfg.regions, model, tensors)
@@ -282,7 +283,7 @@ def _static(
     float_nodes = [*float_nodes, *_touching(model, nonfinite)]
     exclude = [*exclude, *[n for n in dict.fromkeys(float_nodes) if n not in exclude]]
     started = time.perf_counter()
-    quantize_static_qdq(src, out, cfg, ranges_path, overrides, exclude)
+    quantize_static_qdq(src, out, cfg, ranges_path, overrides, exclude, rules)
     insertion_seconds = time.perf_counter() - started
     metrics: dict[str, Any] = {
         "calibration_method": cal.method,
@@ -292,15 +293,12 @@ def _static(
         "qdq_insertion_time_seconds": round(insertion_seconds, 3),
         "tensor_overrides": sorted(overrides),
         "float_nodes": exclude,
-        "shared_encodings": shared,
-        # ranges widened to what HTP can take (quant/htp_rules/encodings.py)
-        "htp_widened_ranges": widened,
         # activations with infinite values (additive masks): no range, left in float
         "kept_float_nonfinite": nonfinite,
         # activations holding sentinels (float32-min attention masks): range clamped
         "clamped_sentinels": sentinels,
-        # finite sentinel constants no calibration sample reached: made +-SENTINEL_DEPTH
-        "unseen_sentinel_constants": unseen,
+        # what the EP's quantization rules changed (shared encodings, widened ranges, ...)
+        **ep_metrics,
     }
     if isinstance(feeds, UpstreamFeeds):
         metrics["upstream_forwards"] = {"computed": feeds.computed, "reused": feeds.reused}
@@ -322,7 +320,15 @@ def _static(
             held_out=True,
         )
         metrics["mixed_precision_auto"] = promote(
-            src, out, cfg, ranges_path, overrides, exclude, held_out, ctx, shared
+            src,
+            out,
+            cfg,
+            ranges_path,
+            overrides,
+            exclude,
+            held_out,
+            ctx,
+            ep_metrics.get("shared_encodings"),
         ) | {
             "held_out_data": _held_out_name(
                 own, cal_options, seed + HELD_OUT_SEED_OFFSET, ctx.contract
@@ -429,6 +435,15 @@ def _checker_error(model) -> str | None:
     return None
 
 
+def _changed(metrics: dict[str, Any]) -> bool:
+    """Whether an EP hook's metrics record a change (any non-empty value, any count > 0)."""
+
+    def some(v: Any) -> bool:
+        return any(some(x) for x in v.values()) if isinstance(v, dict) else bool(v)
+
+    return any(some(v) for v in metrics.values())
+
+
 def _quantized_bins(activation_type: str, num_bins: int) -> int:
     """Entropy's target bins: 128 for 8-bit (TensorRT's choice); for 16-bit, half the
     histogram. The 2**15 a 16-bit type could hold would need a histogram of over 32,768
@@ -457,7 +472,7 @@ def _base_metrics(cfg: QuantConfig) -> dict[str, Any]:
     return {
         "mode": cfg.mode,
         "format": cfg.format,
-        "qnn": cfg.qnn,
+        "ep_rules": get_ep(cfg.ep).quant_rules.name if quant_rules(cfg) else None,
         "activation_type": cfg.activation_type,
         "weight_type": cfg.weight_type,
         "per_channel": cfg.per_channel,

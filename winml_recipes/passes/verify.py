@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -157,12 +156,11 @@ class VerifyPass(Pass[VerifyConfig]):
         for name, (model, contract) in inputs.upstream.items():
             phases.append(forward_estimate(model, contract, f"{name} forward"))
         best = larger(*phases)
-        if best is not None and inputs.target.device == "npu":
-            best = replace(
-                best,
-                made_of=best.made_of + " (QNN HTP graph preparation is not estimated: the "
-                "1008 px SAM 3 encoder needed more than 24 GB)",
-            )
+        from winml_recipes.sdk.runtime import provider_for
+
+        note = provider_for(inputs.target).estimate_note()
+        if best is not None and note:
+            best = replace(best, made_of=f"{best.made_of} ({note})")
         return best
 
     def check(self, config: VerifyConfig, ctx: PlanContext) -> None:
@@ -243,7 +241,7 @@ class VerifyPass(Pass[VerifyConfig]):
         if ctx.reference is None:
             raise PassError("no float reference to compare with")
         same_model = bool(ctx.reference_digest) and ctx.input_digest == ctx.reference_digest
-        if same_model and _runs_on_cpu(ctx.target.device, config):
+        if same_model and _runs_on_cpu(ctx.target, config):
             # The same model on the same EP would score perfectly whatever happened.
             return StepResult(
                 None,
@@ -338,30 +336,32 @@ def _run_or_bisect(
     is bisected to the smallest failing region; with CPU fallback allowed, the region's op
     types are then kept on the CPU when that loads (recorded), else the error names them."""
     from winml_recipes.sdk.errors import ExecutionProviderError
-    from winml_recipes.sdk.runtime import OP_AFFINITY, explain, provider_for, run_on_target
+    from winml_recipes.sdk.runtime import explain, provider_for, run_on_target
 
     samples = len(feeds)
+    ep = provider_for(ctx.target)
 
     def on_sample(done: int) -> None:
         ctx.progress("samples on the target", done, samples)
 
     try:
-        return run_on_target(src, feeds, ctx.target.device, options, on_sample=on_sample)
+        return run_on_target(src, feeds, ctx.target.device, options, on_sample, ep.key)
     except ExecutionProviderError as exc:
         fallback = bool(options["allow_cpu_fallback"])
-        explained = explain(exc, src, provider_for(ctx.target).key, fallback=fallback,
+        explained = explain(exc, src, ep.key, fallback=fallback,
                             progress=ctx.progress)  # fmt: skip
         cpu = explained.data.get("cpu_op_affinity") or {}
         if explained is exc or not (fallback and cpu.get("loads")):
             raise explained from None
-    config = Path(ctx.work_dir) / "op_affinity.json"
-    config.write_text(json.dumps({"op_type": {t: "cpu" for t in cpu["op_types"]}}))
+    pinned = ep.cpu_pinning(cpu["op_types"], Path(ctx.work_dir))
+    assert pinned is not None  # explain() found it loads with the EP's pinning
     target = run_on_target(
         src,
         feeds,
         ctx.target.device,
-        {**options, "provider_options": {OP_AFFINITY: str(config)}},
-        on_sample=on_sample,
+        {**options, "provider_options": pinned},
+        on_sample,
+        ep.key,
     )
     target.record["cpu_op_affinity"] = {
         **cpu,
@@ -371,12 +371,12 @@ def _run_or_bisect(
     return target
 
 
-def _runs_on_cpu(device: str, config: VerifyConfig) -> bool:
+def _runs_on_cpu(target: Target, config: VerifyConfig) -> bool:
     """Whether the candidate would run on the CPU EP, like the reference (an unchanged
     model on the NPU's EP is still a real comparison: other arithmetic)."""
-    from winml_recipes.sdk.runtime import availability, provider_for_device
+    from winml_recipes.sdk.runtime import availability, provider_for
 
-    ep = provider_for_device(device)
+    ep = provider_for(target)
     if ep.is_cpu or not config.on_target:
         return True
     return not availability(ep.key).available

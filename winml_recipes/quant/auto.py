@@ -2,7 +2,7 @@
 
 1. Score the baseline quantized model: the lowest output SQNR against the float model, on
    held-out samples (same source as calibration, other seeds), run on the target's
-   execution provider (QNN HTP for npu) where it loads: the CPU EP's float simulation of
+   execution provider (e.g. the NPU's) where it loads: the CPU EP's float simulation of
    Q/DQ can be far from what the NPU computes.
 2. Rank candidates by the damage each does alone: the output SQNR with only that tensor
    quantized (winml_recipes.quant.mixed.quantization_damage; a gated float graph, so this
@@ -13,7 +13,7 @@
    - float-node (CPU targets): a quantized weight's readers stay in float
      (nodes_to_exclude). Ranked only when the model with every activation in float (only
      the weights quantized) misses the target: then no activation precision can reach it.
-     On QNN HTP a float node would run on the CPU, so it is not a candidate there.
+     On an NPU EP a float node would run on the CPU, so it is not a candidate there.
 3. Apply the most damaging 1, 2, 4, ... more candidates, re-quantize and re-score, until the
    target is met or the budget is spent.
 Each promotion (kind, round, measured damage) and each round's score goes into the manifest.
@@ -28,19 +28,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from winml_recipes.quant.config import QuantConfig
+from winml_recipes.quant.config import QuantConfig, quant_rules
 from winml_recipes.sdk.errors import ExecutionProviderError
 from winml_recipes.sdk.types import StepContext
 
 
 def _score(
-    candidate: Path, feeds: list[dict], reference: list[dict], device: str
+    candidate: Path, feeds: list[dict], reference: list[dict], device: str, ep: str
 ) -> dict[str, float]:
-    """Output SQNR of `candidate` run on the device's EP (the CPU simulation where it is absent)."""
+    """Output SQNR of `candidate` run on the target's EP (the CPU simulation where it is absent)."""
     from winml_recipes.onnx.metrics import compare_runs
     from winml_recipes.runtime.target import run_on_target
 
-    run = run_on_target(candidate, feeds, device, {"allow_cpu_fallback": True})
+    run = run_on_target(candidate, feeds, device, {"allow_cpu_fallback": True}, ep=ep)
     metrics = compare_runs(reference, run.outputs)
     return {name: round(m["sqnr_db"], 3) for name, m in metrics.items()}
 
@@ -49,12 +49,12 @@ def _already(overrides: dict[str, list[dict[str, Any]]], tensor: str, wide: str)
     return any(o.get("quant_type") == wide for o in overrides.get(tensor, []))
 
 
-def scored_on(device: str) -> str:
-    """Where candidates are scored: the device's EP when it loads here, else the simulation."""
-    from winml_recipes.runtime.providers import availability, provider_for_device
+def scored_on(ep_key: str) -> str:
+    """Where candidates are scored: the target's EP when it loads here, else the simulation."""
+    from winml_recipes.runtime.providers import availability, get_provider
     from winml_recipes.runtime.target import CPU_SIMULATION
 
-    ep = provider_for_device(device)
+    ep = get_provider(ep_key)
     return ep.key if ep.is_cpu or availability(ep.key).available else CPU_SIMULATION
 
 
@@ -72,15 +72,13 @@ class _Seconds(dict):
 
 ACTIVATION_16BIT = "activation-16bit"  # the activation's Q/DQ pair becomes `type`
 FLOAT_NODE = "float-node"  # the nodes reading a damaging weight stay in float
-NO_FLOAT_ON_HTP = (
-    "float-node candidates not tried: on QNN HTP a float node runs only with CPU fallback"
-)
+NO_FLOAT_ON_EP = "float-node candidates not tried: on {ep} a float node runs only with CPU fallback"
 
 
-def _float_nodes_possible(device: str) -> bool:
-    from winml_recipes.runtime.providers import provider_for_device
+def _float_nodes_possible(ep_key: str) -> bool:
+    from winml_recipes.runtime.providers import get_provider
 
-    return provider_for_device(device).is_cpu
+    return get_provider(ep_key).is_cpu
 
 
 def promote(
@@ -110,22 +108,23 @@ def promote(
     seconds = _Seconds()
     with seconds("reference"):
         reference = run_model(src, eval_feeds)
-    device = ctx.target.device
-    floats = _float_nodes_possible(device)
+    device, ep = ctx.target.device, cfg.ep
+    rules = quant_rules(cfg)
+    floats = _float_nodes_possible(ep)
     with seconds("scoring"):
-        scores = _score(out, eval_feeds, reference, device)
+        scores = _score(out, eval_feeds, reference, device, ep)
     rounds: list[dict[str, Any]] = [{"round": 0, "promoted": 0, "output_sqnr_db": scores}]
     record: dict[str, Any] = {
         "target_sqnr_db": target,
         "max_promoted": budget,
         "type": wide,
-        "scored_on": scored_on(device),
+        "scored_on": scored_on(ep),
         "ranked_on": "cpu-simulation",
         "candidate_kinds": [ACTIVATION_16BIT, *([FLOAT_NODE] if floats else [])],
         "seconds": seconds,
     }
     if not floats:
-        record["reason"] = NO_FLOAT_ON_HTP
+        record["reason"] = NO_FLOAT_ON_EP.format(ep=ep)
     if min(scores.values()) >= target:
         return record | {"promoted": [], "rounds": rounds, "met": True}
     if cfg.activation_type == wide and not floats:
@@ -134,7 +133,8 @@ def promote(
             "promoted": [],
             "rounds": rounds,
             "met": False,
-            "reason": f"every activation is already {wide}: nothing to promote; " + NO_FLOAT_ON_HTP,
+            "reason": f"every activation is already {wide}: nothing to promote; "
+            + NO_FLOAT_ON_EP.format(ep=ep),
         }
     with seconds("ranking"):
         weights_only, act_damage, weight_damage = quantization_damage(
@@ -196,11 +196,11 @@ def promote(
             )
         )
         with seconds("requantizing"):
-            quantize_static_qdq(src, trial, cfg, ranges_path, trial_overrides, trial_exclude)
+            quantize_static_qdq(src, trial, cfg, ranges_path, trial_overrides, trial_exclude, rules)
         added = [t for _, t in batch]
         try:
             with seconds("scoring"):
-                trial_scores = _score(trial, eval_feeds, reference, device)
+                trial_scores = _score(trial, eval_feeds, reference, device, ep)
         except ExecutionProviderError as exc:
             # The target cannot build this mix of types: keep the last good model, go on.
             rounds.append(

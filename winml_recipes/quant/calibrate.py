@@ -636,7 +636,7 @@ def replace_sentinel_constants(
 
     The quantized model sees the clamped value anyway (QuantizeLinear saturates), so the
     float graph it is made from may as well compute it: a Where(mask, 0, -3.4e38) left
-    with its float constant fails to finalize on QNN HTP (QNN_COMMON_ERROR_MEM_ALLOC).
+    with its float constant fails to finalize on HTP (the npu's EP) (a MEM_ALLOC error).
     """
     from onnx import numpy_helper
 
@@ -677,7 +677,7 @@ def replace_unseen_sentinels(model: onnx.ModelProto) -> list[str]:
     only: `cond * 3.4e38 + -3.4e38` is 0 on every sample), so the ranges around them hold
     no sentinel and the quantized graph saturates those values at the range's end whatever
     the constant. Left as they are they become weights with a 16-bit step of 5e33, which
-    QNN HTP cannot finalize (QNN_COMMON_ERROR_MEM_ALLOC, Hugging Face BERT through the
+    HTP (the npu's EP) cannot finalize (a MEM_ALLOC error, Hugging Face BERT through the
     tool's own exporter with synthetic masks). Infinite constants are left alone.
     """
     from onnx import numpy_helper

@@ -11,6 +11,7 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from winml_recipes.presets import device_settings, precision_settings
 from winml_recipes.sdk.config import Schema, config_schema, option
+from winml_recipes.sdk.ep import ExecutionProvider, QuantRules, get_ep
 from winml_recipes.sdk.errors import PlanError
 from winml_recipes.sdk.target import Target
 
@@ -112,9 +113,10 @@ class QuantizeOptions:
         None, "Op types to quantize (default: every type onnxruntime can)."
     )
     exclude: tuple[str, ...] | None = option(None, "Node-name globs left in float.")
-    qnn: bool | None = option(
+    ep_rules: bool | None = option(
         None,
-        "Apply QNN execution-provider rules (get_qnn_qdq_config). Default: the device preset.",
+        "Apply the target execution provider's quantization rules (its plugin's: types, "
+        "shared encodings, op constraints). Default: true for static QDQ when the EP has rules.",
     )
     calibration: CalibrationConfig | None = None
     mixed_precision: Annotated[tuple[MixedRegion, ...], Schema(minItems=1)] | MixedAuto | None = (
@@ -139,7 +141,8 @@ class QuantConfig:
     activation_symmetric: bool
     weight_symmetric: bool
     reduce_range: bool
-    qnn: bool
+    ep_rules: bool  # the EP's QuantRules apply (quant_rules(cfg) gives them)
+    ep: str = "cpu"  # the target's execution provider (key)
     op_types: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     calibration: CalibrationConfig | None = field(default_factory=CalibrationConfig)
@@ -161,21 +164,31 @@ def resolve(options: QuantizeOptions, target: Target) -> QuantConfig:
             "uint8, int8, w8a16 (use the fp16 pass for fp16)"
         )
     device = device_settings(target.device).get("quantize", {})
+    ep = target_ep(target)
+    rules = ep.quant_rules
     o = options
     mode = o.mode
     fmt = _given(o.format, device.get("format", "qdq"))
-    qnn_default = device.get("qnn", False) and mode == "static" and fmt == "qdq"
-    qnn = _given(o.qnn, qnn_default)
-    weight_type = _given(o.weight_type, precision["weight_type"])
-    activation_type = _given(o.activation_type, precision["activation_type"])
-    per_channel = _given(o.per_channel, device.get("per_channel", False))
-    if fmt == "qoperator" and qnn:
+    ep_rules = _given(o.ep_rules, rules is not None and mode == "static" and fmt == "qdq")
+    if ep_rules and rules is None:
         raise PlanError(
-            "quantize: format qoperator cannot be used with qnn (QNN needs QDQ); "
-            "set format: qdq or qnn: false"
+            f"quantize: the execution provider {ep.key} has no quantization rules; remove ep_rules"
+        )
+    # what the EP's rules want where the recipe says nothing (the precision's types next)
+    wants = dict(rules.defaults) if ep_rules and rules is not None else {}
+    weight_type = _given(o.weight_type, wants.get("weight_type", precision["weight_type"]))
+    activation_type = _given(
+        o.activation_type, wants.get("activation_type", precision["activation_type"])
+    )
+    per_channel = _given(o.per_channel, wants.get("per_channel", device.get("per_channel", False)))
+    if fmt == "qoperator" and ep_rules:
+        assert rules is not None
+        raise PlanError(
+            f"quantize: format qoperator cannot be used with ep_rules ({ep.key} needs QDQ); "
+            "set format: qdq or ep_rules: false"
         )
     if mode == "dynamic":
-        fmt, activation_type = _check_dynamic(o, target, precision)
+        fmt, activation_type = _check_dynamic(o, target, precision, ep)
     elif o.weight_symmetric is False and per_channel:
         raise PlanError(
             "quantize: onnxruntime quantizes per-channel weights symmetrically, so "
@@ -221,23 +234,45 @@ def resolve(options: QuantizeOptions, target: Target) -> QuantConfig:
                 "inputs_from or remove samples_per_upstream"
             )
         cal = c
-    weight_symmetric = _given(o.weight_symmetric, weight_type.startswith("int"))
-    return QuantConfig(
+    weight_symmetric = _given(
+        o.weight_symmetric, wants.get("weight_symmetric", weight_type.startswith("int"))
+    )
+    cfg = QuantConfig(
         mode=mode,
         format=fmt,
         activation_type=activation_type,
         weight_type=weight_type,
         per_channel=per_channel,
-        activation_symmetric=_given(o.activation_symmetric, False),
         weight_symmetric=weight_symmetric,
+        activation_symmetric=_given(
+            o.activation_symmetric, wants.get("activation_symmetric", False)
+        ),
         reduce_range=_given(o.reduce_range, False),
-        qnn=qnn,
+        ep_rules=ep_rules,
+        ep=ep.key,
         op_types=o.op_types or (),
         exclude=o.exclude or (),
         calibration=cal,
         regions=regions,
         auto=auto,
     )
+    problem = rules.check(cfg) if ep_rules and rules is not None else None
+    if problem is not None:
+        raise PlanError(f"quantize: {problem}; change it or set ep_rules: false")
+    return cfg
+
+
+def target_ep(target: Target) -> ExecutionProvider:
+    """The execution provider a target builds for (its own, else its device's preset)."""
+    key = target.execution_provider or str(
+        device_settings(target.device).get("execution_provider", "cpu")
+    )
+    return get_ep(key)
+
+
+def quant_rules(cfg: QuantConfig) -> QuantRules | None:
+    """The EP's quantization rules when the config applies them."""
+    return get_ep(cfg.ep).quant_rules if cfg.ep_rules else None
 
 
 def _given(value: Any, default: Any) -> Any:
@@ -249,23 +284,23 @@ def _check_dynamic(
     options: QuantizeOptions,
     target: Target,
     precision: dict[str, Any],
+    ep: ExecutionProvider,
 ) -> tuple[str, str]:
     """Dynamic mode: integer ops (MatMulInteger/ConvInteger) with run-time u8 activations."""
-    device = device_settings(target.device).get("quantize", {})
     if options.calibration is not None:
         raise PlanError(
             "quantize: calibration options do nothing in dynamic mode (ranges are computed at "
             "run time); remove calibration or use mode: static"
         )
-    if options.qnn:
+    if options.ep_rules:
         raise PlanError(
-            "quantize: qnn needs mode: static (QNN runs static QDQ models); set qnn: false or "
-            "mode: static"
+            f"quantize: ep_rules needs mode: static (the {ep.key} rules are for static QDQ "
+            "models); set ep_rules: false or mode: static"
         )
-    if device.get("qnn"):
+    if ep.quant_rules is not None and ep.quant_rules.requires_static_qdq:
         raise PlanError(
-            f"quantize: {target.device} runs static QDQ models (QNN); mode: dynamic writes "
-            "integer ops it cannot run; use mode: static"
+            f"quantize: {target.device} runs static QDQ models ({ep.key}); mode: dynamic "
+            "writes integer ops it cannot run; use mode: static"
         )
     if options.mixed_precision:
         raise PlanError(

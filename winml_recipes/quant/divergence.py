@@ -4,7 +4,7 @@ When a quantized model is right on onnxruntime's CPU EP (which simulates Q/DQ in
 and wrong on the device, the question is which tensor first goes wrong. The *integer*
 output of every activation's QuantizeLinear is made a graph output and dequantized here.
 (Tapping the DequantizeLinear outputs instead would give each DQ a second consumer, which
-breaks the DQ -> op -> Q node units an EP such as QNN compiles as one quantized op.) The model
+breaks the DQ -> op -> Q node units an NPU's EP compiles as one quantized op.) The model
 runs on the target EP and on the CPU EP with the same feeds, the float model runs with the
 matching float tensors as outputs, and each tensor is scored three ways, in graph order.
 Each tensor is also scored by what its layer costs: the noise (relative to the signal) its

@@ -1,10 +1,11 @@
 """Calls into onnxruntime.quantization: the quantizers are ORT's; only the ranges are ours.
 
 Ranges come from winml_recipes.quant.calibrate (streaming, real histograms) and reach
-ORT's QDQ quantizer through quantize_static's `calibration_cache_path`. QNN rules come
-from `get_qnn_qdq_config`; mixed precision goes through ORT's
-`MixedPrecisionTensorQuantOverridesFixer` (by way of get_qnn_qdq_config for QNN), which
-inserts the DQ->Q converts. Nothing here re-implements a quantizer or a fixer.
+ORT's QDQ quantizer through quantize_static's `calibration_cache_path`. An EP's rules
+(sdk.ep.QuantRules, from its plugin) may give the quantizer's arguments; mixed precision goes
+through ORT's `MixedPrecisionTensorQuantOverridesFixer` (by way of the EP's own config
+where its rules give one), which inserts the DQ->Q converts. Nothing here re-implements a
+quantizer or a fixer.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from winml_recipes.onnx.io import adopt_sidecars
 from winml_recipes.quant.config import QuantConfig
+from winml_recipes.sdk.ep import QuantRules
 
 QUANT_TYPES = {"uint8": "QUInt8", "int8": "QInt8", "uint16": "QUInt16", "int16": "QInt16"}
 LARGE_MODEL_BYTES = 1 << 30
@@ -53,44 +55,16 @@ def quantize_static_qdq(
     ranges_path: Path,
     overrides: dict[str, list[dict[str, Any]]],
     exclude: list[str],
+    rules: QuantRules | None = None,
 ) -> None:
-    """Static quantization with precomputed ranges (QDQ or QOperator, QNN rules optional)."""
+    """Static quantization with precomputed ranges (QDQ or QOperator); `rules`: the target
+    EP's quantization rules (its arguments for onnxruntime's quantizer and its rewrite of
+    the written model), when the config applies them."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_static
 
     op_types = list(cfg.op_types) or None
-    if cfg.qnn:
-        from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
-
-        with quiet_ort_logging():
-            qcfg = get_qnn_qdq_config(
-                str(src),
-                None,
-                activation_type=quant_type(cfg.activation_type),
-                weight_type=quant_type(cfg.weight_type),
-                per_channel=cfg.per_channel,
-                init_overrides=_typed(overrides) or None,
-                activation_symmetric=cfg.activation_symmetric,
-                weight_symmetric=cfg.weight_symmetric,
-                op_types_to_quantize=op_types,
-                nodes_to_exclude=exclude or None,
-            )
-        args = {
-            "quant_format": qcfg.quant_format,
-            "op_types_to_quantize": qcfg.op_types_to_quantize,
-            "per_channel": qcfg.per_channel,
-            "reduce_range": cfg.reduce_range,
-            "activation_type": qcfg.activation_type,
-            "weight_type": qcfg.weight_type,
-            "nodes_to_quantize": qcfg.nodes_to_quantize,
-            "nodes_to_exclude": qcfg.nodes_to_exclude,
-            # onnxruntime's quantizer leaves a Where (and Reshape, Gather, ...) in float when
-            # one of its inputs is not already quantized, e.g. a float constant: SAM 3's
-            # `where(label == -1, not_a_point_embed, x)`. A float node between quantized ones
-            # fails HTP's graph finalize with QNN_COMMON_ERROR_MEM_ALLOC (measured in a
-            # four-node graph, onnxruntime-qnn 2.7); forced, the constant is quantized too.
-            "extra_options": {**qcfg.extra_options, "ForceQuantizeNoInputCheck": True},
-        }
-    else:
+    args = rules.quantizer_args(src, cfg, overrides, exclude) if rules is not None else None
+    if args is None:
         extra: dict[str, Any] = {
             "ActivationSymmetric": cfg.activation_symmetric,
             "WeightSymmetric": cfg.weight_symmetric,
@@ -119,23 +93,11 @@ def quantize_static_qdq(
         )
     adopt_sidecars(out)
     restore_float_inputs(out, exclude)
-    if cfg.qnn:
-        _fold_nan_guards(out)
+    if rules is not None:
+        rules.after_quantize(out)
 
 
-def _fold_nan_guards(path: Path) -> None:
-    from winml_recipes.onnx.io import load_model, save_model
-    from winml_recipes.quant.htp_rules import fold_nan_guards
-
-    # the graph alone first: weights are loaded (and the model rewritten) only when needed
-    if not fold_nan_guards(load_model(path, load_external_data=False)):
-        return
-    model = load_model(path)
-    fold_nan_guards(model)
-    save_model(model, path)
-
-
-def _typed(overrides: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+def typed_overrides(overrides: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
     """Overrides with type names replaced by ORT QuantType values."""
     out = {}
     for tensor, entries in overrides.items():
@@ -148,7 +110,7 @@ def _typed(overrides: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[st
 def fixed_overrides(
     src: Path, overrides: dict[str, list[dict[str, Any]]], cfg: QuantConfig
 ) -> dict[str, Any]:
-    """Non-QNN path: ORT's fixer adds the converts a mixed-precision override needs."""
+    """Generic path: ORT's fixer adds the converts a mixed-precision override needs."""
     from onnxruntime.quantization.execution_providers.qnn.mixed_precision_overrides_utils import (
         MixedPrecisionTensorQuantOverridesFixer,
     )
@@ -156,7 +118,7 @@ def fixed_overrides(
 
     from winml_recipes.onnx.io import load_model
 
-    helper = TensorQuantOverridesHelper(_typed(overrides))
+    helper = TensorQuantOverridesHelper(typed_overrides(overrides))
     default = quant_type(cfg.activation_type)
     fixer = MixedPrecisionTensorQuantOverridesFixer.create_from_model(
         helper, load_model(src, load_external_data=False), default

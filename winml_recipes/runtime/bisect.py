@@ -1,7 +1,7 @@
 """Bisect a graph an execution provider cannot finalize to the smallest failing region.
 
-QNN HTP fails some graphs at session creation with an error that names no node
-(`Failed to finalize QNN graph. Error: QNN_COMMON_ERROR_MEM_ALLOC`). The graph is cut into
+An NPU EP fails some graphs at session creation with an error that names no node (e.g.
+"Failed to finalize ... graph", a memory-allocation error code). The graph is cut into
 pieces that each load on the EP in a fresh process (a failed finalize can leave native state
 behind, and a child bounds the memory): a binary search over growing prefixes in topological
 order finds the first node whose prefix fails, then a second one over the region's start
@@ -42,7 +42,6 @@ _NOT_COMPUTE = (*_QDQ, "Constant")
 _UNNAMED = re.compile(r"failed to finalize|finalize.*graph|refused some node\(s\): unknown", re.I)
 _CODE = re.compile(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]*ERROR[A-Z0-9_]*\b")
 
-OP_AFFINITY = "op_affinity"  # QNN provider option (onnxruntime-qnn 2.7): a JSON file path
 
 Progress = Callable[[str, int, int | None], None]
 
@@ -53,7 +52,7 @@ def is_unnamed_failure(message: str) -> bool:
 
 
 def failure_code(message: str) -> str:
-    """The EP's error code in a message (QNN_COMMON_ERROR_MEM_ALLOC), else a short phrase."""
+    """The EP's error code in a message (e.g. ..._ERROR_MEM_ALLOC), else a short phrase."""
     found = _CODE.search(message)
     return found.group(0) if found else "no node named"
 
@@ -399,8 +398,8 @@ def _next_steps(
     options: dict[str, str],
     data: dict[str, Any],
 ) -> str:
-    """What the user can do: quantize a float input, keep the op types on the CPU (QNN's
-    op_affinity provider option, tried once here), or report the region."""
+    """What the user can do: quantize a float input, keep the op types on the CPU (the EP
+    plugin's `cpu_pinning`, tried once here), or report the region."""
     from winml_recipes.onnx.io import load_model
 
     model = load_model(path, load_external_data=False)
@@ -411,22 +410,21 @@ def _next_steps(
     if why:
         steps.append(f"{name} runs in float inside the quantized graph ({why}): quantize it")
     elif not quantized:
-        steps.append(f"build it quantized (--precision w8a16): HTP failed on float {op}")
+        steps.append(f"build it quantized (--precision w8a16): {ep_key} failed on float {op}")
     cpu = _cpu_op_types(region, path, ep_key, options)
     if cpu is not None:
         data["cpu_op_affinity"] = cpu
-        pinned = json.dumps({"op_type": {t: "cpu" for t in cpu["op_types"]}})
+        from winml_recipes.runtime.providers import get_provider
+
+        hint = get_provider(ep_key).cpu_pinning_hint(cpu["op_types"])
         if cpu["loads"]:
             how = "verify: {allow_cpu_fallback: true} keeps" if not fallback else "keeping"
             steps.append(
                 f"{how} {', '.join(cpu['op_types'])} ({cpu['nodes']} node(s)) on the CPU, "
-                f"which loads here, through QNN's provider option op_affinity (a JSON file "
-                f"{pinned}; the application's session needs it too)"
+                f"which loads here, through {hint}; the application's session needs it too"
             )
             return "; ".join(steps)
-        steps.append(
-            f"keeping {', '.join(cpu['op_types'])} on the CPU (QNN's op_affinity) still fails here"
-        )
+        steps.append(f"keeping {', '.join(cpu['op_types'])} on the CPU ({hint}) still fails here")
     if len(steps) == (0 if cpu is None else 1):  # nothing to act on
         steps.append(f"nothing automatic: report the region to the {ep_key} EP's maintainers")
     return "; ".join(steps)
@@ -465,21 +463,21 @@ def _runs_in_float(model: onnx.ModelProto, node_name: str) -> str:
 def _cpu_op_types(
     region: Region, path: Path, ep_key: str, options: dict[str, str]
 ) -> dict[str, Any] | None:
-    """Whether the whole graph loads with the region's op types pinned to the CPU (QNN's
-    `op_affinity` provider option, onnxruntime-qnn 2.7: a JSON file {"op_type": {T: "cpu"}};
-    by op type only). None for other EPs."""
+    """Whether the whole graph loads with the region's op types pinned to the CPU (the EP
+    plugin's `cpu_pinning` provider options; by op type only). None for an EP that cannot
+    pin."""
     from winml_recipes.onnx.io import load_model
     from winml_recipes.runtime.providers import get_provider
 
-    if get_provider(ep_key).provider != "QNNExecutionProvider":
-        return None
+    ep = get_provider(ep_key)
     op_types = region.op_types
-    model = load_model(path, load_external_data=False)
-    count = sum(n.op_type in op_types for n in model.graph.node)
     with tempfile.TemporaryDirectory(prefix="winml-affinity-") as tmp:
-        config = Path(tmp) / "op_affinity.json"
-        config.write_text(json.dumps({"op_type": {t: "cpu" for t in op_types}}))
-        error = load_in_child(Path(path), ep_key, True, {**options, OP_AFFINITY: str(config)})
+        pinned = ep.cpu_pinning(op_types, Path(tmp))
+        if pinned is None:
+            return None
+        model = load_model(path, load_external_data=False)
+        count = sum(n.op_type in op_types for n in model.graph.node)
+        error = load_in_child(Path(path), ep_key, True, {**options, **pinned})
     return {"op_types": op_types, "nodes": count, "loads": error is None}
 
 

@@ -1,8 +1,8 @@
 """EPContext generation in a fresh process, so the compiled bytes depend on the model alone.
 
-Two things in onnxruntime's QNN EP make a compiled context depend on where and after what
+Two things in an EP (the NPU's, measured) make a compiled context depend on where and after what
 it was made: partitions are named with a hash of the model's path (loading from bytes
-avoids it, see `open_session(path_independent=True)`), and the QNN graph's tensors are
+avoids it, see `open_session(path_independent=True)`), and the EP graph's tensors are
 numbered by counters that live as long as the process (a second compile of the same
 model in one process gives other numbers in the binary). A fresh interpreter per compile
 gives the same bytes on any executor, after any earlier build.
@@ -22,7 +22,13 @@ TIMEOUT_SECONDS = 3600.0
 
 
 def compile_epcontext(
-    src: Path, out: Path, ep_key: str, *, embed: bool, provider_options: Mapping[str, str]
+    src: Path,
+    out: Path,
+    ep_key: str,
+    *,
+    embed: bool,
+    provider_options: Mapping[str, str],
+    device: str | None = None,
 ) -> None:
     """Write the EPContext model `out` for `src` on the EP `ep_key` (a child process)."""
     spec = {
@@ -31,6 +37,7 @@ def compile_epcontext(
         "ep": ep_key,
         "embed": embed,
         "provider_options": dict(provider_options),
+        "device": device,
     }
     done = subprocess.run(
         [sys.executable, "-m", "winml_recipes.runtime.epcontext", json.dumps(spec)],
@@ -62,6 +69,7 @@ def _main(argv: list[str]) -> int:
             configure=configure,
             provider_options=spec["provider_options"],
             path_independent=True,
+            device=spec.get("device"),
         )
     except WinmlError as exc:
         print(f"error: {exc.message}", file=sys.stderr)

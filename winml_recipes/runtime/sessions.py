@@ -33,9 +33,6 @@ _DISABLE_FALLBACK = "session.disable_cpu_ep_fallback"
 _EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
 _RECORD_PLACEMENT = "session.record_ep_graph_assignment_info"
 _FALLBACK_REFUSED = "fallback to CPU EP has been explicitly disabled"
-# What the QNN EP logs about nodes it will not take (other EPs: no reason is parsed).
-_UNSUPPORTED = re.compile(r"Unsupported nodes in QNN EP: (\{[^}]*\}(?:, \{[^}]*\})*)")
-_REASON = re.compile(r"(?:Validation FAILED|validation failed|not supported)[^\n\x1b]*")
 MAX_NODES_SHOWN = 5
 
 
@@ -129,6 +126,7 @@ def open_session(
     configure: Callable[[ort.SessionOptions], None] | None = None,
     provider_options: Mapping[str, str] | None = None,
     path_independent: bool = False,
+    device: str | None = None,
 ) -> RuntimeSession:
     """A session for `path` on the EP `ep_key`, or a one-line error naming the file.
 
@@ -138,6 +136,8 @@ def open_session(
     depend on where the file is (onnxruntime names an EP's partitions, and so the EPContext
     node and binary, with a hash of the model's path). A model with external data is read
     from its folder, which onnxruntime then hashes instead: still path-dependent.
+    `device`: the preset device the session is for (the EP's plugin picks its onnxruntime
+    devices and provider options for it).
     """
     path = Path(path)
     if not path.is_file():
@@ -156,8 +156,8 @@ def open_session(
     avail = availability(ep_key)
     if not avail.available:
         raise ExecutionProviderError(f"{ep.provider} cannot be used here: {avail.reason}")
-    options = {**ep.options, **(provider_options or {})}
-    so.add_provider_for_devices(ep_devices(ep), options)
+    options = ep.provider_options(device, provider_options)
+    so.add_provider_for_devices(ep_devices(ep, device), options)
     so.add_session_config_entry(_RECORD_PLACEMENT, "1")
     if not fallback:
         so.add_session_config_entry(_DISABLE_FALLBACK, "1")
@@ -170,7 +170,7 @@ def open_session(
             session, error = None, exc
     if error is not None:
         if not fallback and _FALLBACK_REFUSED in error.message:
-            raise _refused(path, ep, configure, options, "".join(log)) from None
+            raise _refused(path, ep, configure, options, "".join(log), device) from None
         raise ExecutionProviderError(
             f"{ep.provider} cannot load the model: {error.message.split(': ', 1)[-1]}",
             where=str(path),
@@ -215,12 +215,13 @@ def _refused(
     configure: Callable[[ort.SessionOptions], None] | None,
     options: Mapping[str, str],
     log: str,
+    device: str | None = None,
 ) -> ExecutionProviderError:
     """Which nodes the EP refused: open again with fallback allowed and read the placement."""
     so = session_options()
     if configure is not None:
         configure(so)
-    so.add_provider_for_devices(ep_devices(ep), dict(options))
+    so.add_provider_for_devices(ep_devices(ep, device), dict(options))
     so.add_session_config_entry(_RECORD_PLACEMENT, "1")
     refused: tuple[tuple[str, str], ...] = ()
     with native_output_captured() as more, contextlib.suppress(ModelFileError):
@@ -230,8 +231,8 @@ def _refused(
     more_count = len(refused) - MAX_NODES_SHOWN
     if more_count > 0:
         shown += f" and {more_count} more"
-    reason = _REASON.search(text)
-    why = f"; the EP says: {reason.group(0).strip()[:200]}" if reason else ""
+    reason = ep.refusal_reason(text)  # the EP's plugin reads its own log
+    why = f"; the EP says: {reason}" if reason else ""
     if not refused:
         shown = "unknown nodes"
     dynamic = _dynamic_inputs(path)

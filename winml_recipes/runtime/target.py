@@ -14,7 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from winml_recipes.runtime.providers import availability, identity, provider_for_device
+from winml_recipes.runtime.providers import (
+    availability,
+    get_provider,
+    identity,
+    provider_for_device,
+)
 from winml_recipes.runtime.sessions import RuntimeSession, open_session
 from winml_recipes.sdk.errors import ExecutionProviderError
 
@@ -24,7 +29,7 @@ CPU_SIMULATION = "cpu-simulation"
 @dataclass
 class TargetRun:
     outputs: list[dict[str, np.ndarray]]
-    verified_on: str  # an EP key ("cpu", "qnn-htp") or "cpu-simulation"
+    verified_on: str  # an EP key ("cpu", ...) or "cpu-simulation"
     record: dict[str, Any]  # for the manifest: verified_on, execution_provider, placement
 
 
@@ -36,29 +41,37 @@ def target_session(
     require: bool = False,
     on_target: bool = True,
     provider_options: Mapping[str, str] | None = None,
+    ep: str | None = None,
 ) -> tuple[RuntimeSession, dict[str, Any]]:
-    """A session on the device's EP (or the CPU simulation) and its manifest record."""
-    ep = provider_for_device(device)
-    record: dict[str, Any] = {"execution_provider": identity(ep.key)}
-    if ep.is_cpu:
-        session = open_session(path)
-        return session, {"verified_on": "cpu", **record}
+    """A session on the target's EP (`ep`, else the device's default; or the CPU
+    simulation) and its manifest record."""
+    provider = get_provider(ep) if ep else provider_for_device(device)
+    record: dict[str, Any] = {"execution_provider": identity(provider.key)}
+    if provider.is_cpu:
+        session = open_session(path, provider.key, device=device)
+        return session, {"verified_on": provider.key, **record}
     if not on_target:
         record["execution_provider"]["reason"] = "the recipe verifies on the CPU EP (on_target)"
         return open_session(path), {"verified_on": CPU_SIMULATION, **record}
-    avail = availability(ep.key)
+    avail = availability(provider.key)
     if not avail.available:
         if require:
             raise ExecutionProviderError(
-                f"the {device} target requires {ep.provider} ({ep.key}), which cannot be used "
-                f"here: {avail.reason}"
+                f"the {device} target requires {provider.provider} ({provider.key}), which "
+                f"cannot be used here: {avail.reason}"
             )
         return open_session(path), {"verified_on": CPU_SIMULATION, **record}
-    session = open_session(path, ep.key, fallback=fallback, provider_options=provider_options)
+    session = open_session(
+        path,
+        provider.key,
+        fallback=fallback,
+        provider_options=provider_options,
+        device=device,
+    )
     assert session.placement is not None
     record["placement"] = session.placement.to_manifest()
     record["cpu_fallback_allowed"] = fallback
-    return session, {"verified_on": ep.key, **record}
+    return session, {"verified_on": provider.key, **record}
 
 
 def run_on_target(
@@ -67,9 +80,10 @@ def run_on_target(
     device: str,
     options: Mapping[str, Any] | None = None,
     on_sample: Callable[[int], None] | None = None,
+    ep: str | None = None,
 ) -> TargetRun:
-    """Run every feed on the device's EP; `options` may set allow_cpu_fallback, require_ep,
-    on_target and provider_options (for the device's EP)."""
+    """Run every feed on the target's EP (`ep`, else the device's default); `options` may
+    set allow_cpu_fallback, require_ep, on_target and provider_options (for that EP)."""
     options = options or {}
     session, record = target_session(
         path,
@@ -78,6 +92,7 @@ def run_on_target(
         require=bool(options.get("require_ep", False)),
         on_target=bool(options.get("on_target", True)),
         provider_options=options.get("provider_options"),
+        ep=ep,
     )
     outputs = []
     for i, feed in enumerate(feeds):

@@ -1,0 +1,235 @@
+"""Execution-provider plugins: the one place that knows a target runtime.
+
+An EP plugin is an `ExecutionProvider` instance declared in the `winml_recipes.eps`
+entry-point group (`name = "package.module:PLUGIN"`). It says:
+
+- what it is: `key` (what manifests and recipes name it by), onnxruntime's `provider`
+  name, the `devices` it serves (presets map a device to a default EP; a recipe target can
+  name another: `{device: npu, precision: w8a16, ep: openvino}`);
+- how to open a session: a plugin library (`library_module`'s `get_library_path()`, or
+  `library_env`), default `options` (provider options), which of onnxruntime's EP devices
+  to select (`select_devices`), its library `versions()` (manifest and cache key);
+- placement: `refusal_reason(log)` reads the EP's log when it refused nodes;
+- quantization: `quant_rules` (a `QuantRules`: types, shared encodings, op constraints,
+  hooks around calibration and onnxruntime's quantizer), or None (no EP-specific rules);
+- graph rewrites: `graph_rules()` (the rule set a `prepare` step applies for this EP);
+- compiling: `compiles` ("epcontext" or None) and `compile_options` (which recipe
+  options of `compile` become provider options);
+- notes: `emulation_note()` (why times here are not the device's), `cpu_pinning` (how to
+  keep op types on the CPU, for a failing region).
+
+The module imports nothing heavy: onnxruntime is imported inside the methods that need it.
+Nothing outside a plugin names an EP; the engine asks `get_ep(key)` / `ep_for_device`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from winml_recipes.sdk.errors import PlanError, check_known
+from winml_recipes.sdk.plugins import load_entry_points
+
+if TYPE_CHECKING:
+    import onnx
+
+ENTRY_POINT_GROUP = "winml_recipes.eps"
+CPU_PROVIDER = "CPUExecutionProvider"
+# A generic phrase an EP's log uses for a refused node (an EP can parse more).
+_GENERIC_REASON = re.compile(r"(?:Validation FAILED|validation failed|not supported)[^\n\x1b]*")
+
+
+@dataclass
+class QuantRules:
+    """What an EP needs from static quantization, beyond the precision's types.
+
+    Data: `name` (recorded in the manifest), `requires_static_qdq` (refuses dynamic mode and
+    the QOperator format), `defaults` (option defaults the EP wants, e.g.
+    {"weight_symmetric": True}; the recipe's options still win), `allowed` (option -> the
+    values the EP accepts, e.g. {"activation_type": ("uint8",)}).
+
+    Hooks (override in a subclass; each returns what it changed for the manifest, under the
+    metric names it gives): before calibration on the float model, after calibration,
+    on the ranges, the arguments of onnxruntime's `quantize_static`, and on the written
+    model. The defaults change nothing.
+    """
+
+    name: str
+    requires_static_qdq: bool = True
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    allowed: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+
+    def check(self, cfg: Any) -> str | None:
+        """Why a resolved QuantConfig does not suit the EP (one line), else None."""
+        for option, values in self.allowed.items():
+            value = getattr(cfg, option, None)
+            if value is not None and value not in values:
+                return (
+                    f"{option} {value} is not supported by the {self.name} rules "
+                    f"(allowed: {', '.join(map(str, values))})"
+                )
+        return None
+
+    def before_calibration(self, model: onnx.ModelProto) -> dict[str, Any]:
+        """Rewrite the float model in place before calibration; metrics of what changed."""
+        return {}
+
+    def after_calibration(self, model: onnx.ModelProto) -> dict[str, Any]:
+        """Rewrite the float model in place once ranges are known (e.g. sentinels)."""
+        return {}
+
+    def adjust_ranges(
+        self, model: onnx.ModelProto, ranges: dict[str, Any], tensors: Sequence[str]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Ranges the EP can take (widened, shared encodings) and metrics of the change."""
+        return ranges, {}
+
+    def quantizer_args(
+        self,
+        src: Path,
+        cfg: Any,
+        overrides: dict[str, list[dict[str, Any]]],
+        exclude: list[str],
+    ) -> dict[str, Any] | None:
+        """onnxruntime `quantize_static` keyword arguments, or None for the generic ones."""
+        return None
+
+    def after_quantize(self, path: Path) -> None:
+        """Rewrite the written QDQ model in place (e.g. fold guards the EP refuses)."""
+
+
+@dataclass(frozen=True)
+class ExecutionProvider:
+    """One execution provider: data plus overridable hooks (see the module docstring)."""
+
+    key: str  # "cpu", "openvino", ...: what recipes, manifests and cache keys name
+    provider: str  # onnxruntime's EP name, e.g. "CPUExecutionProvider"
+    devices: frozenset[str]  # the devices it serves
+    description: str = ""
+    library_module: str | None = None  # Python package whose get_library_path() is the EP
+    package: str | None = None  # its distribution name, for versions and install hints
+    library_env: str | None = None  # environment variable overriding the library path
+    options: Mapping[str, str] = field(default_factory=dict)  # default provider options
+    backend: str | None = None  # e.g. a backend the options select
+    quant_rules: QuantRules | None = None
+    compiles: Literal["epcontext"] | None = None
+    # compile options (recipe) -> provider option names this EP takes for them
+    compile_options: Mapping[str, str] = field(default_factory=dict)
+    # file names this EP's compiled artifacts match (serializers that are not reproducible)
+    unreproducible_artifacts: str | None = None
+
+    # compatibility with runtime/providers' old table rows
+    @property
+    def plugin(self) -> str | None:
+        return self.library_module
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.provider == CPU_PROVIDER
+
+    def library_path(self) -> str:
+        """The EP's shared library; ImportError when its package is not installed."""
+        if self.library_env and os.environ.get(self.library_env):
+            return os.environ[self.library_env]
+        if self.library_module is None:
+            raise ImportError(f"{self.key} has no plugin library")
+        module = importlib.import_module(self.library_module)
+        return str(module.get_library_path())
+
+    def install_hint(self) -> str:
+        return f"pip install {self.package}" if self.package else f"install {self.provider}"
+
+    def versions(self) -> dict[str, str]:
+        """Library versions for the manifest and the cache key."""
+        out = {"onnxruntime": metadata.version("onnxruntime")}
+        if self.package:
+            with contextlib.suppress(metadata.PackageNotFoundError):
+                out[self.package] = metadata.version(self.package)
+        return out
+
+    def select_devices(self, devices: Sequence[Any], device: str | None = None) -> list[Any]:
+        """onnxruntime EP devices a session on `device` (a preset device name) uses."""
+        return [d for d in devices if d.ep_name == self.provider]
+
+    def provider_options(
+        self, device: str | None = None, extra: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
+        """Provider options for a session on `device`: defaults, then `extra`."""
+        return {**self.options, **(extra or {})}
+
+    def refusal_reason(self, log: str) -> str | None:
+        """The EP's own reason for nodes it refused, from what it logged, or None."""
+        found = _GENERIC_REASON.search(log)
+        return found.group(0).strip()[:200] if found else None
+
+    def graph_rules(self) -> Any:
+        """The EP's graph rewrites (onnxscript rules / onnx_ir passes), or None."""
+        return None
+
+    def emulation_note(self) -> str | None:
+        """Why times measured on this host are not the device's (e.g. an emulator)."""
+        return None
+
+    def cpu_pinning(self, op_types: Sequence[str], work_dir: Path) -> dict[str, str] | None:
+        """Provider options that keep `op_types` on the CPU (writing any file they name
+        under `work_dir`), or None when the EP cannot."""
+        return None
+
+    def cpu_pinning_hint(self, op_types: Sequence[str]) -> str:
+        """How an application keeps `op_types` on the CPU with this EP (one phrase)."""
+        return "the EP's provider options"
+
+    def estimate_note(self) -> str | None:
+        """What a memory estimate leaves out on this EP (graph preparation), or None."""
+        return None
+
+
+def _accept(obj: Any) -> bool:
+    return isinstance(obj, ExecutionProvider)
+
+
+@cache
+def _registry() -> tuple[dict[str, ExecutionProvider], dict[str, str]]:
+    """Plugins by key, and entry-point names that differ from their plugin's key."""
+    found = load_entry_points(ENTRY_POINT_GROUP, _accept, "an ExecutionProvider", skip_missing=True)
+    by_key: dict[str, ExecutionProvider] = {}
+    aliases: dict[str, str] = {}
+    for name, plugin in found.items():
+        by_key[plugin.key] = plugin
+        if name != plugin.key:
+            aliases[name] = plugin.key
+    return by_key, aliases
+
+
+def execution_providers() -> dict[str, ExecutionProvider]:
+    """Every installed EP plugin, by key."""
+    return dict(_registry()[0])
+
+
+def ep_key(name: str) -> str:
+    """A plugin's key from its key or its entry-point name; a PlanError when unknown."""
+    by_key, aliases = _registry()
+    if name in aliases:
+        return aliases[name]
+    check_known(name, list(by_key) + list(aliases), "execution provider")
+    return name
+
+
+def get_ep(name: str) -> ExecutionProvider:
+    return _registry()[0][ep_key(name)]
+
+
+def check_serves(ep: ExecutionProvider, device: str) -> None:
+    if device not in ep.devices:
+        raise PlanError(
+            f"execution provider '{ep.key}' does not serve device '{device}' "
+            f"(it serves: {', '.join(sorted(ep.devices))}); choose another ep or device"
+        )
