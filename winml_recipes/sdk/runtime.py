@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the names, for type checkers and editors
     from winml_recipes.onnx.metrics import compare_runs
     from winml_recipes.onnx.runtime import run_model as run_reference
-    from winml_recipes.runtime.bisect import OP_AFFINITY, explain
+    from winml_recipes.runtime.bisect import explain
     from winml_recipes.runtime.epcontext import compile_epcontext
     from winml_recipes.runtime.providers import (
         availability,
@@ -26,7 +26,6 @@ if TYPE_CHECKING:  # the names, for type checkers and editors
     from winml_recipes.runtime.target import run_on_target
 
 __all__ = [
-    "OP_AFFINITY",
     "availability",
     "compare_runs",
     "compile_epcontext",
@@ -52,7 +51,7 @@ def __getattr__(name: str) -> Any:
         from winml_recipes.onnx.runtime import run_model as run_reference
 
         return run_reference
-    if name in ("OP_AFFINITY", "explain"):
+    if name == "explain":
         from winml_recipes.runtime import bisect as module
 
         return getattr(module, name)
