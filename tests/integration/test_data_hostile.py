@@ -5,8 +5,10 @@ images.
 
 Each runs the real CLI in a process of its own and must end with exit 2 (never a signal),
 at most 3 lines on stderr naming the file, no traceback, within 60 s and 2 GB. The memory
-is the child's own peak (os.wait4): getrusage(RUSAGE_CHILDREN) would also count every
-earlier child of this pytest process.
+is the CLI process's own peak, taken by a small launcher that forks it and reads os.wait4:
+a child forked from this pytest process would start at pytest's own size (ru_maxrss counts
+the pages it shared before exec), and getrusage(RUSAGE_CHILDREN) would count every earlier
+child too.
 """
 
 from __future__ import annotations
@@ -52,29 +54,45 @@ class Run:
     maxrss_kb: int
 
 
+# Forks the CLI from a fresh, small interpreter and writes "exit-code maxrss-kB" to argv[1].
+_LAUNCHER = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.executable, [sys.executable, "-m", "winml_recipes", *sys.argv[2:]])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(f"{os.waitstatus_to_exitcode(status)} {usage.ru_maxrss}")
+"""
+
+
 def run_cli(tmp_path: Path, *args: str | Path) -> Run:
     """`python -m winml_recipes ARGS` in its own process, killed after LIMIT_S."""
     out, err = tmp_path / "cli.stdout", tmp_path / "cli.stderr"
+    result = tmp_path / "cli.result"
+    result.unlink(missing_ok=True)
     env = {**os.environ, "WINML_RECIPES_CACHE": str(tmp_path / "cache"), "SECRET_TOKEN": CANARY}
     start = time.monotonic()
     with out.open("wb") as stdout, err.open("wb") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "winml_recipes", *map(str, args)],
+            [sys.executable, "-c", _LAUNCHER, str(result), *map(str, args)],
             cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+            start_new_session=True,
         )  # fmt: skip
-        timer = threading.Timer(LIMIT_S, proc.kill)
+        timer = threading.Timer(LIMIT_S, lambda: os.killpg(proc.pid, 9))
         timer.start()
         try:
-            _, status, usage = os.wait4(proc.pid, 0)
+            proc.wait()
         finally:
             timer.cancel()
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    # killed at the time limit: the launcher wrote nothing
+    code, maxrss = (int(v) for v in result.read_text().split()) if result.exists() else (-9, 0)
     return Run(
-        proc.returncode,
+        code,
         out.read_text(errors="replace"),
         err.read_text(errors="replace"),
         time.monotonic() - start,
-        usage.ru_maxrss,
+        maxrss,
     )
 
 
