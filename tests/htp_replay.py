@@ -27,10 +27,10 @@ _counter = itertools.count()
 
 # module -> functions that rewrite a graph (or compute ranges from one) for HTP
 RECORDED = {
-    "winml_recipes.quant.htp_rules.encodings": [
+    "winml_recipes.eps.qnn.rules.encodings": [
         "widen_softmax_inputs", "widen_add_outputs", "shared_encoding_groups", "unify_ranges",
     ],
-    "winml_recipes.quant.htp_rules": ["fold_nan_guards"],
+    "winml_recipes.eps.qnn.rules": ["fold_nan_guards"],
     "winml_recipes.quant.calibrate": ["replace_unseen_sentinels"],
 }  # fmt: skip
 
@@ -39,8 +39,8 @@ RECORDED = {
 # `htp` stage: tests/htp_replay_float.py replays them; mixed._toposort is onnx_ir's
 # TopologicalSortPass (an order of the scoring session's nodes, not part of any output).
 MOVED = {
-    "winml_recipes.quant.qnn_rules.fold_nan_guards": "winml_recipes.quant.htp_rules",
-    "winml_recipes.quant.qnn_rules": "winml_recipes.quant.htp_rules.encodings",
+    "winml_recipes.quant.qnn_rules.fold_nan_guards": "winml_recipes.eps.qnn.rules",
+    "winml_recipes.quant.qnn_rules": "winml_recipes.eps.qnn.rules.encodings",
 }
 NOT_REPLAYED = ("simplify_for_htp", "drop_zero_constant_adds", "_toposort")
 

@@ -1,5 +1,5 @@
 """Replay the recorded float HTP rewrites (simplify_for_htp, then drop_zero_constant_adds)
-through the rule set (winml_recipes.quant.htp_rules.float_rewrites) and list the models that
+through the rule set (winml_recipes.eps.qnn.rules.float_rewrites) and list the models that
 differ. Compared after one onnx_ir round trip of both sides without value_info (the round
 trip itself writes inferred value_info and explicit empty fields).
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import onnx_ir as ir
 
 from tests.htp_replay import _thaw
-from winml_recipes.quant.htp_rules import float_rewrites, rewrite
+from winml_recipes.eps.qnn.rules import float_rewrites, rewrite
 
 
 def _canon(model) -> bytes:

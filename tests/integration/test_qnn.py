@@ -294,7 +294,7 @@ def test_zero_bias_before_relu_is_bypassed(tmp_path: Path) -> None:
     assert _sqnr(reference, run_model(bad, data, "qnn-htp")) < 10
     recipe = project(
         tmp_path, model, "[-2.0, 2.0]",
-        "[{prepare: {stages: [htp]}}, quantize, {verify: {min_sqnr_db: 30}}]",
+        "[{prepare: {stages: [ep]}}, quantize, {verify: {min_sqnr_db: 30}}]",
     )  # fmt: skip
     result = api.build(recipe, device="npu", precision="w8a16", output_root=tmp_path / "out")
     steps = steps_of(result)

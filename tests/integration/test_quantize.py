@@ -984,7 +984,7 @@ def test_sam3_npu_uint8_holds_on_htp(sam3) -> None:
         assert verify["verified_on"] == "qnn-htp"
         assert set(verify["placement"]["nodes"]) == {"QNNExecutionProvider"}
     assert verify_sqnr(result, DECODER)["pred_masks"] >= 15
-    rewrites = prepare_rewrites(steps_of(result, DECODER))  # its prepare: {stages: [htp]}
+    rewrites = prepare_rewrites(steps_of(result, DECODER))  # its prepare: {stages: [ep]}
     # the four in-place coordinate normalizations and the point-embedding updates; then
     # `x[..., 2] = constant` as x * keep + table (its Mul merged into the chain before)
     assert rewrites["channel_scatter_to_elementwise"] == 8

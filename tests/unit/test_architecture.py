@@ -214,3 +214,24 @@ def test_every_name_of_the_sdk_facades_resolves() -> None:
         assert module.__all__, facade
         for name in module.__all__:
             assert getattr(module, name) is not None, f"{facade}.{name}"
+
+
+# onnxruntime ships its generic mixed-precision override fixer under a module path named for
+# QNN; importing it is not knowledge of the EP.
+_LIBRARY_PATHS_NAMING_QNN = ("onnxruntime.quantization.execution_providers.qnn.",)
+
+
+def test_only_the_qnn_plugin_names_qnn():
+    """A target runtime is known in one place, its EP plugin (eps/qnn): no other module of
+    the package names it (the presets data may map a device to it)."""
+    plugin = PACKAGE / "eps" / "qnn"
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        if plugin in path.parents:
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if any(p in line for p in _LIBRARY_PATHS_NAMING_QNN):
+                continue
+            if "qnn" in line.lower():
+                found.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)

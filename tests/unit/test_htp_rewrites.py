@@ -11,6 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from winml_recipes.eps.qnn import PLUGIN as QNN
 from winml_recipes.graph.pipeline import prepare
 
 F = TensorProto.FLOAT
@@ -26,10 +27,10 @@ def _run(model: onnx.ModelProto, feed: dict) -> np.ndarray:
 
 
 def _same_after(model: onnx.ModelProto, feed: dict, rule: str) -> tuple[int, list[str]]:
-    """How many nodes `rule` replaced in the `htp` stage, and the op types after (the
+    """How many nodes `rule` replaced in the `ep` stage, and the op types after (the
     prepared model is written into `model`)."""
     before = _run(model, feed)
-    done = prepare(model, ["htp"])
+    done = prepare(model, ["ep"], ep_rules=QNN.graph_rules())
     np.testing.assert_allclose(_run(done.model, feed), before, rtol=1e-5, atol=1e-6)
     model.CopyFrom(done.model)
     return done.log.count(rule), [n.op_type for n in model.graph.node]
@@ -193,8 +194,8 @@ def test_rules_rewrite_inside_subgraphs() -> None:
     assert count == 1 and [n.op_type for n in branch.node] == ["Mul", "Add"]
 
 
-def test_htp_stage_can_be_left_out() -> None:
-    """prepare without `htp` leaves what the HTP rules would rewrite."""
+def test_ep_stage_can_be_left_out() -> None:
+    """prepare without `ep` leaves what the HTP rules would rewrite."""
     model = _model(
         [helper.make_node("Add", ["x", "zero"], ["y"]), helper.make_node("Relu", ["y"], ["z"])],
         [helper.make_tensor_value_info("x", F, [2, 3])],
@@ -202,6 +203,6 @@ def test_htp_stage_can_be_left_out() -> None:
         [numpy_helper.from_array(np.zeros(3, np.float32), "zero")],
     )
     assert not prepare(model, ["fold"]).log.nodes
-    done = prepare(model, ["fold", "htp"])
+    done = prepare(model, ["fold", "ep"], ep_rules=QNN.graph_rules())
     assert done.log.count("zero_constant_add") == 1
     assert [n.op_type for n in done.model.graph.node] == ["Relu"]

@@ -15,15 +15,16 @@ from winml_recipes.graph.gathernd import RULE as RULE_GATHERND
 from winml_recipes.graph.gathernd import rewrite_gathernd
 from winml_recipes.graph.log import RewriteLog
 from winml_recipes.graph.recurrent import RULE_GRU, RULE_LSTM, unroll_recurrent
-from winml_recipes.quant.htp_rules import RULES as HTP_RULES
+from winml_recipes.sdk.ep import GraphRules
 
 # Stage name -> the rules it applies (a stage is what the exactness check can name).
 STAGES: dict[str, tuple[str, ...]] = {
     "fold": (RULE_FOLD, RULE_IF),
     "gathernd": (RULE_GATHERND,),
     "recurrent": (RULE_LSTM, RULE_GRU),
-    # QNN HTP's float rewrites (quant/htp_rules): leave "htp" out to turn them off
-    "htp": HTP_RULES,
+    # the target EP's exact float rewrites (its plugin's GraphRules; none for the CPU EP):
+    # leave "ep" out to turn them off
+    "ep": (),
 }
 
 
@@ -35,27 +36,32 @@ class Prepared:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def _stage_fns(max_elements: int) -> dict[str, Callable[[ir.Model, RewriteLog], Any]]:
+def _stage_fns(
+    max_elements: int, ep_rules: GraphRules | None
+) -> dict[str, Callable[[ir.Model, RewriteLog], Any]]:
     return {
         "fold": lambda m, log: fold_constants(m, log, max_elements),
         "gathernd": rewrite_gathernd,
         "recurrent": unroll_recurrent,
-        "htp": _htp,
+        "ep": ep_rules.rewrite if ep_rules is not None else (lambda m, log: log),
     }
 
 
-def _htp(model: ir.Model, log: RewriteLog) -> RewriteLog:
-    from winml_recipes.quant.htp_rules import float_rewrites, rewrite
-
-    return rewrite(model, float_rewrites(), log)
+def stage_rules(stage: str, ep_rules: GraphRules | None) -> tuple[str, ...]:
+    """The rules a stage applies (the `ep` stage's come from the target's EP plugin)."""
+    if stage == "ep":
+        return ep_rules.rules if ep_rules is not None else ()
+    return STAGES[stage]
 
 
 def prepare(
     proto: onnx.ModelProto,
     stages: Sequence[str] = tuple(STAGES),
     max_elements: int = MAX_FOLDED_ELEMENTS,
+    ep_rules: GraphRules | None = None,
 ) -> Prepared:
-    """Run `stages` (in STAGES order) on a copy of `proto`."""
+    """Run `stages` (in STAGES order) on a copy of `proto`; `ep_rules` are the target EP's
+    float rewrites (the `ep` stage)."""
     import onnx_ir.passes.common as common
 
     model = ir.from_proto(proto)
@@ -63,7 +69,7 @@ def prepare(
     common.ShapeInferencePass(strict_mode=False)(model)
     log = RewriteLog()
     result = Prepared(proto, log)
-    fns = _stage_fns(max_elements)
+    fns = _stage_fns(max_elements, ep_rules)
     for name in STAGES:
         if name not in stages:
             continue

@@ -3,8 +3,9 @@
 Runs after fix_shapes. Stages (winml_recipes.graph): `fold` (Shape, Range, ConstantOfShape,
 Expand, ... subgraphs to initializers; `If` with a constant condition inlined), `gathernd`
 (GatherND with constant indices as Gather/Slice), `recurrent` (LSTM/GRU unrolled over the
-static sequence length), `htp` (QNN HTP's float rewrites, quant/htp_rules: BatchNorm as
-Mul/Add, erf GELU as Gelu, scatters and GatherND at constant positions, x + 0, ...). The
+static sequence length), `ep` (the target EP plugin's exact float rewrites, its
+`graph_rules()`: for the NPU's default EP BatchNorm as Mul/Add, erf GELU as Gelu, scatters
+and GatherND at constant positions, x + 0, ...; nothing for the CPU EP). The
 rewritten model is run against the input model on the CPU EP on seeded inputs from the I/O
 contract; outputs that differ beyond the tolerance of
 graph/exactness.py fail the step, naming the stage and its rules.
@@ -25,20 +26,22 @@ from winml_recipes.sdk.types import ModelFacts, StepContext, StepResult
 if TYPE_CHECKING:
     import onnx
 
+    from winml_recipes.sdk.ep import GraphRules
     from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
 
-Stage = Literal["fold", "gathernd", "recurrent", "htp"]
+Stage = Literal["fold", "gathernd", "recurrent", "ep"]
 
 
 @dataclass(frozen=True)
 class PrepareConfig:
     stages: tuple[Stage, ...] = option(
-        ("fold", "gathernd", "recurrent", "htp"),
+        ("fold", "gathernd", "recurrent", "ep"),
         "Stages to run (always in this order): fold (constant subgraphs, If with a constant "
         "condition), gathernd (GatherND with constant indices as Gather/Slice), recurrent "
-        "(LSTM/GRU unrolled over the static sequence length), htp (QNN HTP's exact float "
-        "rewrites: BatchNorm as Mul/Add, erf GELU as Gelu, scatters and GatherND at "
-        "constant positions as arithmetic, x + 0 bypassed).",
+        "(LSTM/GRU unrolled over the static sequence length), ep (the target execution "
+        "provider's exact float rewrites, from its plugin; for the NPU's default EP: "
+        "BatchNorm as Mul/Add, erf GELU as Gelu, scatters and GatherND at constant positions "
+        "as arithmetic, x + 0 bypassed).",
     )
     max_folded_elements: int = option(
         1 << 20,
@@ -58,15 +61,15 @@ class PrepareConfig:
 @register
 class PreparePass(Pass[PrepareConfig]):
     name = "prepare"
-    version = 2
+    version = 3
     summary = (
         "Target preparation after fix_shapes: fold constant subgraphs, GatherND with constant "
-        "indices as Gather/Slice, LSTM/GRU unrolled, HTP's float rewrites; checked exact on the "
-        "CPU EP."
+        "indices as Gather/Slice, LSTM/GRU unrolled, the target EP's float rewrites; checked "
+        "exact on the CPU EP."
     )
     uses_contract = True
-    # The rules are the same for every npu precision today: one cache entry serves them all.
-    target_dependent = False
+    # the `ep` stage runs the target EP's rules (the key holds the target and its plugin's code)
+    target_dependent = True
 
     def skip_reason(self, facts: ModelFacts, config: PrepareConfig, target: Target) -> str | None:
         if facts.quantized:
@@ -88,13 +91,14 @@ class PreparePass(Pass[PrepareConfig]):
     def run(
         self, src: Path | None, out_dir: Path, config: PrepareConfig, ctx: StepContext
     ) -> StepResult:
-        from winml_recipes.graph.pipeline import STAGES, prepare
+        from winml_recipes.graph.pipeline import prepare, stage_rules
         from winml_recipes.sdk.models import load_model, save_model
 
         assert src is not None
         source = load_model(src)
         before = len(source.graph.node)
-        done = prepare(source, config.stages, config.max_folded_elements)
+        ep_rules = _ep_rules(ctx.target, config)
+        done = prepare(source, config.stages, config.max_folded_elements, ep_rules)
         metrics: dict[str, Any] = {
             "nodes_before": before,
             "nodes_after": len(done.model.graph.node),
@@ -102,6 +106,8 @@ class PreparePass(Pass[PrepareConfig]):
             "folded": done.folded,
             "seconds": done.seconds,
         }
+        if ep_rules is not None:
+            metrics["ep_rules"] = ep_rules.name
         if done.log.kept:
             metrics["kept"] = done.log.kept
         if not done.log.nodes:
@@ -111,8 +117,8 @@ class PreparePass(Pass[PrepareConfig]):
             feeds = _feeds(source, ctx, config)
             problem = _difference(src, out, feeds, ctx)
             if problem:
-                stage = _culprit(source, src, feeds, config, ctx)
-                rules = ", ".join(STAGES[stage])
+                stage = _culprit(source, src, feeds, config, ctx, ep_rules)
+                rules = ", ".join(stage_rules(stage, ep_rules))
                 raise PassError(
                     f"prepare stage '{stage}' ({rules}) is not exact: {problem}; leave it out "
                     f"with prepare: {{stages: [...]}} and report the model"
@@ -141,8 +147,20 @@ def _difference(src: Path, out: Path, feeds: list, ctx: StepContext) -> str | No
     return first_difference(run_model(src, feeds), run_model(out, feeds))
 
 
+def _ep_rules(target: Target, config: PrepareConfig) -> GraphRules | None:
+    """The target EP plugin's float rewrites, when the `ep` stage is chosen."""
+    from winml_recipes.sdk.runtime import provider_for
+
+    return provider_for(target).graph_rules() if "ep" in config.stages else None
+
+
 def _culprit(
-    source: onnx.ModelProto, src: Path, feeds: list, config: PrepareConfig, ctx: StepContext
+    source: onnx.ModelProto,
+    src: Path,
+    feeds: list,
+    config: PrepareConfig,
+    ctx: StepContext,
+    ep_rules: GraphRules | None,
 ) -> str:
     """The first stage whose output (with the stages before it) is not exact."""
     from winml_recipes.graph.pipeline import STAGES, prepare
@@ -150,7 +168,7 @@ def _culprit(
 
     chosen = [s for s in STAGES if s in config.stages]
     for k in range(1, len(chosen) + 1):
-        partial = prepare(source, chosen[:k], config.max_folded_elements)
+        partial = prepare(source, chosen[:k], config.max_folded_elements, ep_rules)
         path = save_model(partial.model, ctx.work_dir / f"stage{k}.onnx")
         if _difference(src, path, feeds, ctx):
             return chosen[k - 1]

@@ -12,7 +12,8 @@ entry-point group (`name = "package.module:PLUGIN"`). It says:
 - placement: `refusal_reason(log)` reads the EP's log when it refused nodes;
 - quantization: `quant_rules` (a `QuantRules`: types, shared encodings, op constraints,
   hooks around calibration and onnxruntime's quantizer), or None (no EP-specific rules);
-- graph rewrites: `graph_rules()` (the rule set a `prepare` step applies for this EP);
+- graph rewrites: `graph_rules()` (a `GraphRules`: the exact float rewrites the `prepare`
+  pass's `ep` stage applies for this EP, or None);
 - compiling: `compiles` ("epcontext" or None) and `compile_options` (which recipe
   options of `compile` become provider options);
 - notes: `emulation_note()` (why times here are not the device's), `cpu_pinning` (how to
@@ -28,7 +29,7 @@ import contextlib
 import importlib
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import metadata
@@ -45,6 +46,16 @@ ENTRY_POINT_GROUP = "winml_recipes.eps"
 CPU_PROVIDER = "CPUExecutionProvider"
 # A generic phrase an EP's log uses for a refused node (an EP can parse more).
 _GENERIC_REASON = re.compile(r"(?:Validation FAILED|validation failed|not supported)[^\n\x1b]*")
+
+
+@dataclass(frozen=True)
+class GraphRules:
+    """An EP's exact float rewrites: the `prepare` pass's `ep` stage runs them before
+    quantization (onnxscript rules and onnx_ir passes; each logs what it replaced or kept)."""
+
+    name: str  # the rule set's name, as the manifest records it
+    rules: tuple[str, ...]  # every rule name `rewrite` can log (errors name them)
+    rewrite: Callable[[Any, Any], Any]  # (onnx_ir Model, graph.log.RewriteLog): in place
 
 
 @dataclass
@@ -170,8 +181,8 @@ class ExecutionProvider:
         found = _GENERIC_REASON.search(log)
         return found.group(0).strip()[:200] if found else None
 
-    def graph_rules(self) -> Any:
-        """The EP's graph rewrites (onnxscript rules / onnx_ir passes), or None."""
+    def graph_rules(self) -> GraphRules | None:
+        """The EP's exact float rewrites (prepare's `ep` stage), or None."""
         return None
 
     def emulation_note(self) -> str | None:

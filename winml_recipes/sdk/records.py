@@ -85,7 +85,7 @@ class StepRecord:
     input_sha256: Sha256 | None = describe("", None, nullable=True)
     output_sha256: Sha256 | None = describe("", None, nullable=True)
     metrics: dict[str, Any] | None = describe(
-        "Pass metrics. verify adds verified_on (an EP key such as qnn-htp, or "
+        "Pass metrics. verify adds verified_on (an EP key such as cpu, or "
         "cpu-simulation where the device's EP cannot load here), execution_provider "
         "{key, provider, backend, available, versions | reason}, placement {nodes, "
         "partitions per EP} and cpu_simulation {outputs}; quantize with mixed_precision "

@@ -15,10 +15,9 @@ import platform
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from winml_recipes.eps.qnn.quant import QnnQuantRules
-from winml_recipes.sdk.ep import ExecutionProvider
+from winml_recipes.sdk.ep import ExecutionProvider, GraphRules
 
 _X86_64 = {"x86_64", "amd64", "x64"}
 EMULATED_HTP = "emulated HTP (x86_64), not device latency"
@@ -55,10 +54,14 @@ class QnnHtp(ExecutionProvider):
             "more than 24 GB"
         )
 
-    def graph_rules(self) -> Any:
-        from winml_recipes.quant.htp_rules import htp_rule_set
+    def graph_rules(self) -> GraphRules:
+        from winml_recipes.eps.qnn.rules import RULES, float_rewrites, rewrite
 
-        return htp_rule_set()
+        return GraphRules(
+            name="qnn-htp",
+            rules=RULES,
+            rewrite=lambda model, log: rewrite(model, float_rewrites(), log),
+        )
 
 
 PLUGIN = QnnHtp(

@@ -1,5 +1,5 @@
 """The quantization rules QNN HTP needs: onnxruntime's `get_qnn_qdq_config`, the float
-range and shared-encoding rules of quant/htp_rules/encodings.py, sentinel constants, NaN
+range and shared-encoding rules of eps/qnn/rules/encodings.py, sentinel constants, NaN
 guards. (HTP's float rewrites run before quantization, in the `htp` stage of `prepare`.)
 
 Moved here from passes/quantize.py and quant/ort.py (`if cfg.qnn:` branches); what each
@@ -29,7 +29,7 @@ class QnnQuantRules(QuantRules):
     def adjust_ranges(
         self, model: onnx.ModelProto, ranges: dict[str, Any], tensors: Sequence[str]
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        from winml_recipes.quant.htp_rules.encodings import (
+        from winml_recipes.eps.qnn.rules.encodings import (
             shared_encoding_groups,
             unify_ranges,
             widen_add_outputs,
@@ -85,8 +85,8 @@ class QnnQuantRules(QuantRules):
         }
 
     def after_quantize(self, path: Path) -> None:
+        from winml_recipes.eps.qnn.rules import fold_nan_guards
         from winml_recipes.onnx.io import load_model, save_model
-        from winml_recipes.quant.htp_rules import fold_nan_guards
 
         # the graph alone first: weights are loaded (and the model rewritten) only when needed
         if not fold_nan_guards(load_model(path, load_external_data=False)):

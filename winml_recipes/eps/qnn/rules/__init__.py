@@ -156,7 +156,7 @@ def float_rewrites() -> list[Step]:
     """The float rewrites HTP needs, in order (the `prepare` pass's `htp` stage)."""
     import onnx_ir.passes.common as common
 
-    from winml_recipes.quant.htp_rules import rules as r
+    from winml_recipes.eps.qnn.rules import rules as r
 
     def one(cls, *ops):
         return lambda log: [cls.rule(log, op) for op in ops or (None,)]
@@ -197,7 +197,7 @@ _ELEMENTWISE = ("Mul", "Div", "Add", "Sub")
 
 def qdq_rewrites() -> list[Step]:
     """What runs on the QDQ graph after quantization."""
-    from winml_recipes.quant.htp_rules.rules import NanGuardPass
+    from winml_recipes.eps.qnn.rules.rules import NanGuardPass
 
     return [Step(NanGuardPass.rule_name, lambda m, log: NanGuardPass(log)(m))]
 
@@ -225,9 +225,3 @@ def fold_nan_guards(proto: onnx.ModelProto) -> list[str]:
         written.graph.value_info.extend(proto.graph.value_info)
         proto.CopyFrom(written)
     return folded
-
-
-def htp_rule_set() -> dict[str, list[Step]]:
-    """QNN HTP's rule set, for its execution-provider plugin: the float rewrites (prepare's
-    `htp` stage) and the QDQ rewrites (after quantization)."""
-    return {"float": float_rewrites(), "qdq": qdq_rewrites()}
