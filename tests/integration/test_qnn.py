@@ -310,7 +310,8 @@ def test_zero_bias_before_relu_is_bypassed(tmp_path: Path) -> None:
 
 def _mlp_project(tmp_path: Path, compile_step: str) -> Path:
     model = zero_bias_relu_graph(tmp_path / "mlp.onnx")
-    return project(tmp_path, model, "[-2.0, 2.0]", f"[quantize, verify, {compile_step}]")
+    # (the zero bias before ReLU needs prepare's ep stage on HTP: see the test above)
+    return project(tmp_path, model, "[-2.0, 2.0]", f"[prepare, quantize, verify, {compile_step}]")
 
 
 def test_compile_writes_an_epcontext_model_that_matches_on_htp(tmp_path: Path) -> None:
@@ -400,8 +401,8 @@ def test_a_host_without_the_ep_verifies_on_the_simulation_and_says_so(tmp_path: 
 def test_on_target_false_verifies_on_the_simulation_and_says_why(tmp_path: Path) -> None:
     recipe = _mlp_project(tmp_path, "{verify: {on_target: false}}").read_text()
     path = tmp_path / "recipes" / "r.yaml"
-    path.write_text(recipe.replace("[quantize, verify, {verify: {on_target: false}}]",
-                                   "[quantize, {verify: {on_target: false}}]"))  # fmt: skip
+    path.write_text(recipe.replace("[prepare, quantize, verify, {verify: {on_target: false}}]",
+                                   "[prepare, quantize, {verify: {on_target: false}}]"))  # fmt: skip
     done = cli_subprocess(
         "build", path, "--device", "npu", "--precision", "w8a16", "-o", tmp_path / "o"
     )
@@ -410,5 +411,5 @@ def test_on_target_false_verifies_on_the_simulation_and_says_why(tmp_path: Path)
         done.stdout
     )
     manifest = json.loads((tmp_path / "o" / "r" / "npu-w8a16" / "manifest.json").read_text())
-    verify = manifest["components"]["model"]["steps"][1]["metrics"]
+    verify = manifest["components"]["model"]["steps"][2]["metrics"]
     assert verify["verified_on"] == "cpu-simulation" and "placement" not in verify

@@ -202,6 +202,9 @@ class RecipeRecord:
 class TargetRecord:
     device: str
     precision: str
+    ep: str | None = describe(
+        "Execution provider (an EP plugin's key) when not the device's default.", None
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
