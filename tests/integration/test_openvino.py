@@ -42,6 +42,8 @@ def test_openvino_loads_and_records_its_device() -> None:
     versions = openvino.versions()
     assert versions["onnxruntime-ep-openvino"] == "1.8.1"
     assert versions["openvino_ep_library"].startswith("1.8.1")
+    assert versions["openvino_device"].startswith("CPU: ")
+    assert versions["openvino_device"].endswith("(standing in for the NPU)")
     assert openvino.PLUGIN.emulation_note() == "OpenVINO CPU device standing in for the NPU"
 
 

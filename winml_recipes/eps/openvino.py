@@ -246,8 +246,11 @@ class OpenVino(ExecutionProvider):
     def versions(self) -> dict[str, str]:
         out = super().versions()
         info = device_info("npu")
-        if info is not None:
+        if info is not None:  # the manifest's record of the device a build ran on
             out["openvino_ep_library"] = info.ep_library
+            out["openvino_device"] = f"{info.ov_device}: {info.name}" + (
+                f" (standing in for the {info.requested})" if info.stand_in else ""
+            )
         return out
 
     def emulation_note(self) -> str | None:
