@@ -401,8 +401,10 @@ def test_a_host_without_the_ep_verifies_on_the_simulation_and_says_so(tmp_path: 
 def test_on_target_false_verifies_on_the_simulation_and_says_why(tmp_path: Path) -> None:
     recipe = _mlp_project(tmp_path, "{verify: {on_target: false}}").read_text()
     path = tmp_path / "recipes" / "r.yaml"
-    path.write_text(recipe.replace("[prepare, quantize, verify, {verify: {on_target: false}}]",
-                                   "[prepare, quantize, {verify: {on_target: false}}]"))  # fmt: skip
+    steps = "[prepare, quantize, {verify: {on_target: false}}]"
+    path.write_text(
+        recipe.replace("[prepare, quantize, verify, {verify: {on_target: false}}]", steps)
+    )
     done = cli_subprocess(
         "build", path, "--device", "npu", "--precision", "w8a16", "-o", tmp_path / "o"
     )
