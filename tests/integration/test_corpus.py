@@ -30,14 +30,6 @@ pytestmark = pytest.mark.export
 # task intact; they are held to the IoU of their decisions now.)
 _GATE = "exit 3: model/verify [npu/{}]: verification on qnn-htp failed: {}"
 FAILING: dict[tuple[str, str], str] = {
-    # Cause (measured): the last Concat joins the three heads, each through a Reshape with
-    # its own u8 encoding; HTP reads every input in the Concat output's encoding (background
-    # objectness of the stride-32 head: (61 - 90) * 0.016 = -0.465), while the CPU simulation
-    # scores 0.972. Giving that Concat's inputs, through the Reshapes back to each head's
-    # Concat, the output's encoding scores 0.977 on HTP (4 held-out images); doing it to
-    # every Concat (MaxPool, Slice inputs too) fails to finalize: a rule is still to write.
-    ("ddddocr-det", "uint8"): "box F1 0.0612 on HTP, below 0.8 and onnxruntime's 0.0669 (HTP "
-    "reads a Concat's inputs in its output's u8 encoding; w8a16 keeps it: 0.9859)",
     ("ppocr-rec", "uint8"): _GATE.format(
         "uint8",
         "softmax_11.tmp_0 (probability map): decision IoU 0.7556 (gate >= 0.8) FAIL; kept: "

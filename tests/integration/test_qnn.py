@@ -98,6 +98,28 @@ def scatter_graph(path: Path) -> Path:
     )
 
 
+def reshaped_heads_graph(path: Path) -> Path:
+    """Three detection heads joined as YOLOX does: each head concatenates a raw map and a
+    sigmoid map, is reshaped to [1, 12, 16], and the three are concatenated (ranges 1:8:64).
+    At 8 bits HTP reads each reshaped head in the outer Concat's output encoding."""
+    rng = np.random.default_rng(5)
+    nodes, inits, heads = [], [], []
+    for i, gain in enumerate((0.25, 2.0, 16.0)):
+        gains = (rng.normal(0, 1, (1, 6, 1, 1)) * gain).astype(np.float32)
+        inits += [_const(f"k{i}", gains), _const(f"shape{i}", np.array([1, 12, -1], np.int64))]
+        nodes += [
+            helper.make_node("Mul", ["x", f"k{i}"], [f"box{i}"], name=f"box{i}"),
+            helper.make_node("Sigmoid", ["x"], [f"obj{i}"], name=f"obj{i}"),
+            helper.make_node(
+                "Concat", [f"box{i}", f"obj{i}"], [f"head{i}"], axis=1, name=f"head{i}"
+            ),
+            helper.make_node("Reshape", [f"head{i}", f"shape{i}"], [f"flat{i}"], name=f"flat{i}"),
+        ]
+        heads.append(f"flat{i}")
+    nodes.append(helper.make_node("Concat", heads, ["y"], axis=2, name="join"))
+    return _save(path, nodes, [_vi("x", [1, 6, 4, 4])], [_vi("y", [1, 12, 48])], inits)
+
+
 def zero_bias_relu_graph(path: Path) -> Path:
     """MatMul -> Add(all-zero bias) -> Relu -> MatMul (a zero-initialized Linear bias)."""
     rng = np.random.default_rng(3)
@@ -283,6 +305,32 @@ def test_verify_threshold_fails_on_htp_where_the_simulation_passes(tmp_path: Pat
     verify = steps_of(result)["verify"]["metrics"]
     assert verify["outputs"]["y"]["sqnr_db"] < 30
     assert verify["cpu_simulation"]["outputs"]["y"]["sqnr_db"] > 30
+
+
+def test_ort_reshaped_concat_inputs_are_wrong_on_htp_at_8_bits(tmp_path: Path) -> None:
+    """The divergence the Concat rule fixes, with onnxruntime's quantizer alone."""
+    from onnxruntime.quantization import QuantType
+
+    model = reshaped_heads_graph(tmp_path / "heads.onnx")
+    data = feeds(-1.0, 1.0, (1, 6, 4, 4), 8)
+    quantized = _ort_qnn_quantize(model, tmp_path / "q.onnx", data, QuantType.QUInt8)
+    reference = run_model(model, data)
+    assert _sqnr(reference, run_model(quantized, data)) > 30  # CPU EP: Q/DQ simulated in float
+    assert _sqnr(reference, run_model(quantized, data, "qnn-htp")) < 0  # the NPU
+
+
+def test_build_gives_reshaped_concat_inputs_the_output_encoding(tmp_path: Path) -> None:
+    model = reshaped_heads_graph(tmp_path / "heads.onnx")
+    recipe = project(tmp_path, model, "[-1.0, 1.0]", "[quantize, {verify: {min_sqnr_db: 30}}]")
+    recipe.write_text(recipe.read_text().replace("w8a16", "uint8"))
+    result = api.build(recipe, device="npu", precision="uint8", output_root=tmp_path / "out")
+    steps = steps_of(result)
+    # the inner Concats' outputs, their Reshapes and the outer Concat: one encoding
+    groups = steps["quantize"]["metrics"]["shared_encodings"]
+    assert groups == [["flat0", "flat1", "flat2", "head0", "head1", "head2", "y"]]
+    verify = steps["verify"]["metrics"]
+    assert verify["verified_on"] == "qnn-htp"
+    assert verify["outputs"]["y"]["sqnr_db"] >= 30
 
 
 def test_zero_bias_before_relu_is_bypassed(tmp_path: Path) -> None:

@@ -18,6 +18,19 @@ the updates of a scatter are often an Unsqueeze of the tensor whose range sets t
 scale. The ranges are unified before onnxruntime's quantizer sees them (through the
 calibration cache), so its own QDQ insertion produces the shared encoding; nothing is edited
 after.
+
+At 8 bits, a `Concat` reads an input that is another Concat's output reshaped (through
+Reshape, Transpose, ...) in its own *output's* encoding, without requantizing: in ddddocr's
+YOLOX detector each of the three heads concatenates its box, objectness and class maps,
+the three are reshaped and joined, and the stride-32 head's background objectness came out
+as (61 - 90) * 0.016 = -0.465 (box F1 0.06 at npu/uint8; the CPU simulation 0.97). In
+three-branch graphs (producer -> shape op -> Concat, branch ranges 1:8:64) only a Concat
+producer is wrong: Conv, Add or Mul outputs through a Reshape or Transpose, and a Concat
+read directly, are right at 8 bits, and every case is right at 16 bits. Such an input
+shares the outer Concat's encoding, back through the shape-only ops to the inner Concat's
+output (which HTP requantizes its own inputs into). Giving *every* Concat input the output's
+range (Slice- or MaxPool-fed ones too), or a requantize before each input, fails to finalize
+on HTP (QNN_COMMON_ERROR_MEM_ALLOC).
 """
 
 from __future__ import annotations
@@ -47,6 +60,30 @@ SAME_AS_INPUT = frozenset(
 )  # fmt: skip
 
 
+# Ops that change a tensor's shape only (onnxruntime's quantizer encodes their output like
+# their input).
+SHAPE_ONLY = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze"})
+# Producers whose output, reaching a Concat through SHAPE_ONLY ops, HTP reads in that
+# Concat's output encoding (measured: Concat; not Conv, Add, Mul). Each sets its output's
+# encoding from the output's own range and requantizes into it, so that range can be set.
+READ_AS_CONCAT_OUTPUT = frozenset({"Concat"})
+
+
+def concat_inputs_through_shapes(
+    node: onnx.NodeProto, producer: Mapping[str, onnx.NodeProto]
+) -> list[str]:
+    """The inputs of a Concat that reach it through at least one shape-only op from an op
+    in READ_AS_CONCAT_OUTPUT (those must share the Concat output's encoding on HTP)."""
+    found = []
+    for name in node.input:
+        up, hops = producer.get(name), 0
+        while up is not None and up.op_type in SHAPE_ONLY and up.input:
+            up, hops = producer.get(up.input[0]), hops + 1
+        if hops and up is not None and up.op_type in READ_AS_CONCAT_OUTPUT:
+            found.append(name)
+    return found
+
+
 def shared_encoding_groups(model: onnx.ModelProto, activations: Iterable[str]) -> list[list[str]]:
     """Sets of activations that must end up with one encoding (transitively merged)."""
     acts = set(activations)
@@ -65,12 +102,19 @@ def shared_encoding_groups(model: onnx.ModelProto, activations: Iterable[str]) -
             parent[find(other)] = find(members[0])
 
     needs: set[str] = set()
+    producer = {o: n for n in model.graph.node for o in n.output}
     for node in model.graph.node:
         positions = SHARED_ENCODING_INPUTS.get(node.op_type)
         if positions is not None:
             members = [node.input[i] for i in positions if i < len(node.input)]
             union([*members, node.output[0]])
             needs.add(node.output[0])
+        elif node.op_type == "Concat":
+            # the shape-only ops between input and producer join through SAME_AS_INPUT
+            members = concat_inputs_through_shapes(node, producer)
+            if members:
+                union([*members, node.output[0]])
+                needs.add(node.output[0])
         elif node.op_type in SAME_AS_INPUT and node.input:
             for out in node.output:
                 union([node.input[0], out])
