@@ -1,4 +1,4 @@
-"""Which tensors the HTP encoding rules give one encoding (quant/htp_rules/encodings.py).
+"""Which tensors the HTP encoding rules give one encoding (eps/qnn/rules/encodings.py).
 
 What each rule fixes on the NPU is measured in tests/integration/test_qnn.py; here, which
 graphs a rule reaches and which it leaves alone.
@@ -11,8 +11,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from winml_recipes.eps.qnn.rules.encodings import shared_encoding_groups
 from winml_recipes.quant.calibrate import tensors_to_calibrate
-from winml_recipes.quant.htp_rules.encodings import shared_encoding_groups
 
 
 def _branch(i: int, producer: str, via: list[str]) -> tuple[list, list, str]:
