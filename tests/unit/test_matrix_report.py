@@ -7,8 +7,7 @@ import json
 import pytest
 
 from winml_recipes.exec.matrix import MatrixReport, expand, parse_targets
-from winml_recipes.exec.task import TargetTask
-from winml_recipes.exec.task import TargetOutcome
+from winml_recipes.exec.task import TargetOutcome, TargetTask
 from winml_recipes.sdk.errors import RecipeError
 
 
