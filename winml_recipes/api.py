@@ -41,9 +41,10 @@ def load(
     )
 
 
-def targets_of(recipe: Path | str, **kwargs: Any) -> list[tuple[str, str]]:
+def targets_of(recipe: Path | str, **kwargs: Any) -> list[tuple[str, str, str | None]]:
+    """The recipe's targets: (device, precision, the EP it names or None)."""
     r = load(recipe, **kwargs)
-    return [(t.device, t.precision) for t in r.targets]
+    return [(t.device, t.precision, t.ep or None) for t in r.targets]
 
 
 def plan(recipe: Path | str, *, fetch: bool = True, **kwargs: Any) -> Plan:
@@ -84,9 +85,10 @@ def build(
 def matrix(
     recipes: Sequence[Path | str],
     *,
-    targets: str | Sequence[tuple[str, str]] | None = "all",
+    targets: str | Sequence[tuple[str, ...]] | None = "all",
     device: str | None = None,
     precision: str | None = None,
+    ep: str | None = None,
     executor: str = "local",
     jobs: int | None = None,
     address: str | None = None,
@@ -106,8 +108,9 @@ def matrix(
 ) -> MatrixReport:
     """Build recipes x targets through an executor and report every target.
 
-    `targets`: "all" (every declared target), "cpu/int8,npu/w8a16", a list of pairs, or
-    "default" (each recipe's target for `device`/`precision`, its first when None).
+    `targets`: "all" (every declared target), "cpu/int8,npu/w8a16,npu/uint8/openvino", a list
+    of (device, precision[, ep]), or "default" (each recipe's target for `device`/`precision`
+    and `ep`, its first when None).
     `executor`: "local" (this process, in order), "pool" (`jobs` processes) or "ray"
     (`address` of a cluster, else a local one with `jobs` CPUs). `keep_going=False` stops
     at the first failure. The report (also written to `report_path`) lists every target's
@@ -146,12 +149,12 @@ def matrix(
     )
     common = {"defines": defines, "catalog_dir": catalog_dir, "source": source}
     if targets == "default":
-        tasks = [replace(base, recipe=str(r), device=device, precision=precision)
+        tasks = [replace(base, recipe=str(r), device=device, precision=precision, ep=ep)
                  for r in recipes]  # fmt: skip
         failed: list[TargetOutcome] = []
     else:
         wanted = parse_targets(targets) if isinstance(targets, str) or targets is None else [
-            tuple(t) for t in targets
+            (t[0], t[1], t[2] if len(t) > 2 else None) for t in targets
         ]  # fmt: skip
         tasks, failed = expand(recipes, wanted, base, lambda r: targets_of(r, **common))
     return run_tasks(

@@ -125,18 +125,35 @@ class BuildFolder:
         return str(self.manifest["target"]["precision"])
 
     @property
+    def ep(self) -> str:
+        """The EP the recipe named for the target ("" when it builds for the device's)."""
+        return str(self.manifest["target"].get("ep", ""))
+
+    @property
+    def ep_key(self) -> str:
+        """The key of the EP plugin the target was built for."""
+        from winml_recipes.runtime.providers import provider_for_device
+
+        return self.ep or provider_for_device(self.device).key
+
+    @property
     def failed(self) -> bool:
         return self.manifest.get("status") == "failed"
 
     @property
     def label(self) -> str:
         """How people name it: `sam3-tiny npu/w8a16`."""
-        return f"{self.recipe} {self.device}/{self.precision}"
+        return f"{self.recipe} {self.target_label}"
+
+    @property
+    def target_label(self) -> str:
+        """device/precision[/ep]."""
+        return f"{self.device}/{self.precision}" + (f"/{self.ep}" if self.ep else "")
 
     @property
     def relpath(self) -> str:
         """Its folder under the output root: `sam3-tiny/npu-w8a16`."""
-        return f"{self.recipe}/{self.device}-{self.precision}"
+        return f"{self.recipe}/{self.device}-{self.precision}" + (f"-{self.ep}" if self.ep else "")
 
     def component(self, name: str) -> BuiltComponent:
         found = next((c for c in self.components if c.name == name), None)

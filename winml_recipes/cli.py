@@ -47,6 +47,12 @@ target_options = [
     click.option("--device", help="Target device (cpu, gpu, npu)."),
     click.option("--precision", help="Target precision (fp32, ...)."),
     click.option(
+        "--ep",
+        metavar="NAME",
+        help="The target's execution provider, for a recipe target that names one "
+        "(e.g. npu/uint8 with ep: openvino; default: the device's, see `passes`).",
+    ),
+    click.option(
         "-D", "defines", multiple=True, metavar="KEY=VALUE", help="Template variable (repeatable)."
     ),
     click.option(
@@ -112,12 +118,13 @@ executor_options = [
 with_executor_options = _with(executor_options)
 
 
-def _load_kwargs(device, precision, defines, catalog_dir, source) -> dict[str, Any]:
+def _load_kwargs(device, precision, ep, defines, catalog_dir, source) -> dict[str, Any]:
     from winml_recipes.recipe import parse_defines
 
     return {
         "device": device,
         "precision": precision,
+        "ep": ep,
         "defines": parse_defines(defines),
         "catalog_dir": catalog_dir,
         "source": source,
@@ -141,7 +148,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 @main.command()
 @click.argument("recipes", nargs=-1, required=True, type=click.Path(path_type=Path))
 @with_target_options
-def validate(recipes, device, precision, defines, catalog_dir, source) -> None:
+def validate(recipes, device, precision, ep, defines, catalog_dir, source) -> None:
     """Render, validate and plan recipes for every declared target (no downloads)."""
     from winml_recipes import api
     from winml_recipes.catalog import override_note
@@ -149,13 +156,14 @@ def validate(recipes, device, precision, defines, catalog_dir, source) -> None:
     failed = 0
     for path in recipes:
         try:
-            kwargs = _load_kwargs(device, precision, defines, catalog_dir, source)
+            kwargs = _load_kwargs(device, precision, ep, defines, catalog_dir, source)
             recipe = api.load(path, **kwargs)
-            targets = [(t.device, t.precision) for t in recipe.targets]
-            for dev, prec in targets:
-                if device in (None, dev) and precision in (None, prec):
-                    api.plan(path, fetch=False, **{**kwargs, "device": dev, "precision": prec})
-            click.echo(f"ok: {path} ({', '.join(f'{d}/{p}' for d, p in targets)})")
+            for t in recipe.targets:
+                if (device in (None, t.device) and precision in (None, t.precision)
+                        and ep in (None, t.ep, t.execution_provider)):  # fmt: skip
+                    chosen = {"device": t.device, "precision": t.precision, "ep": t.ep or None}
+                    api.plan(path, fetch=False, **{**kwargs, **chosen})
+            click.echo(f"ok: {path} ({', '.join(t.label for t in recipe.targets)})")
             if override_note(recipe.catalog):
                 click.echo(f"note: {override_note(recipe.catalog)}", err=True)
         except WinmlError as exc:
@@ -169,15 +177,16 @@ def validate(recipes, device, precision, defines, catalog_dir, source) -> None:
 @click.argument("recipe", type=click.Path(path_type=Path))
 @with_target_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan(recipe, device, precision, defines, catalog_dir, source, as_json) -> None:
+def plan(recipe, device, precision, ep, defines, catalog_dir, source, as_json) -> None:
     """Show the steps a build would run, with skip reasons, without running anything."""
     from winml_recipes import api
 
-    the_plan = api.plan(recipe, **_load_kwargs(device, precision, defines, catalog_dir, source))
+    kwargs = _load_kwargs(device, precision, ep, defines, catalog_dir, source)
+    the_plan = api.plan(recipe, **kwargs)
     if as_json:
         _echo_json(the_plan.to_dict())
         return
-    click.echo(f"{the_plan.recipe.name} -> {the_plan.target.device}/{the_plan.target.precision}")
+    click.echo(f"{the_plan.recipe.name} -> {the_plan.target.label}")
     for comp in the_plan.components:
         click.echo(f"  {comp.name}  (source: {comp.source.ref})")
         for s in comp.steps:
@@ -204,7 +213,7 @@ def plan(recipe, device, precision, defines, catalog_dir, source, as_json) -> No
     default="build",
     type=click.Path(path_type=Path),
     show_default=True,
-    help="Output root: OUTPUT/<recipe>/<device>-<precision>/.",
+    help="Output root: OUTPUT/<recipe>/<device>-<precision>[-<ep>]/.",
 )
 @click.option(
     "--wait",
@@ -268,6 +277,7 @@ def build(
     recipe,
     device,
     precision,
+    ep,
     defines,
     catalog_dir,
     source,
@@ -299,10 +309,10 @@ def build(
     if onnx_file is not None:
         from winml_recipes.authoring import parse_shapes
 
-        if recipe is not None or all_targets or defines or catalog_dir or source:
+        if recipe is not None or all_targets or defines or catalog_dir or source or ep:
             raise RecipeError(
-                "--onnx builds from the presets: drop RECIPE, --all-targets, -D, --catalog "
-                "and --source"
+                "--onnx builds from the presets (the device's default EP): drop RECIPE, "
+                "--all-targets, --ep, -D, --catalog and --source"
             )
         if keep_going or executor != "local" or jobs or address or report_path:
             raise RecipeError(
@@ -345,8 +355,8 @@ def build(
         )
     if recipe is None:
         raise RecipeError("missing RECIPE (e.g. recipes/sam3-tiny.yaml) or --onnx FILE")
-    if all_targets and (device or precision):
-        raise RecipeError("--all-targets cannot be combined with --device/--precision")
+    if all_targets and (device or precision or ep):
+        raise RecipeError("--all-targets cannot be combined with --device/--precision/--ep")
     if (executor != "local" or jobs) and not all_targets:
         raise RecipeError("--executor and --jobs spread --all-targets (or `matrix`) over workers")
     report = _run_matrix(
@@ -354,6 +364,7 @@ def build(
         targets="all" if all_targets else "default",
         device=device,
         precision=precision,
+        ep=ep,
         defines=defines,
         catalog_dir=catalog_dir,
         source=source,
@@ -425,8 +436,9 @@ def _exit_with(report, as_json: bool) -> None:
     "--targets",
     default="all",
     show_default=True,
-    metavar="all|DEV/PREC,...",
-    help="Which declared targets to build, e.g. cpu/int8,npu/w8a16.",
+    metavar="all|DEV/PREC[/EP],...",
+    help="Which declared targets to build, e.g. cpu/int8,npu/w8a16,npu/uint8/openvino "
+    "(DEV/PREC alone: the one built for the device's default EP).",
 )
 @click.option(
     "-D", "defines", multiple=True, metavar="KEY=VALUE", help="Template variable (repeatable)."
@@ -442,7 +454,7 @@ def _exit_with(report, as_json: bool) -> None:
 @click.option("--no-cache", is_flag=True, help="Run every step; neither read nor write the cache.")
 @click.option(
     "-o", "--output", "output_root", default="build", type=click.Path(path_type=Path),
-    show_default=True, help="Output root: OUTPUT/<recipe>/<device>-<precision>/.",
+    show_default=True, help="Output root: OUTPUT/<recipe>/<device>-<precision>[-<ep>]/.",
 )  # fmt: skip
 @click.option("--wait", "wait_seconds", default=600.0, show_default=True,
               help="Seconds to wait for another build of the same output.")  # fmt: skip

@@ -50,9 +50,12 @@ import click
 )
 @click.option("--device", help="With a RECIPE: the target device.")
 @click.option("--precision", help="With a RECIPE: the target precision.")
+@click.option(
+    "--ep", metavar="NAME", help="With a RECIPE: the target's execution provider (e.g. openvino)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def run_command(
-    build, image, points, boxes, npz, output, compiled, device, precision, as_json
+    build, image, points, boxes, npz, output, compiled, device, precision, ep, as_json
 ) -> None:  # fmt: skip
     """Run BUILD (a build folder, or a RECIPE file whose target is built first, from the
     cache) on a photo, SAM prompts or an npz: every component in order on the target's
@@ -61,7 +64,7 @@ def run_command(
     from winml_recipes import api
 
     if build.is_file():
-        build = api.build(build, device=device, precision=precision).output_dir
+        build = api.build(build, device=device, precision=precision, ep=ep).output_dir
     summary = api.run(build, image=image, points=points, boxes=boxes, npz=npz,
                       output_dir=output, compiled=compiled)  # fmt: skip
     if as_json:
@@ -78,7 +81,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"{name} on {r['ran_on']} ({Path(r['model']).name})"
         for name, r in summary["target_run"].items()
     )
-    lines = [f"ran {target['device']}/{target['precision']}: {ran}"]
+    label = "/".join(target[k] for k in ("device", "precision", "ep") if target.get(k))
+    lines = [f"ran {label}: {ran}"]
     if "float_run" in summary:
         lines[0] += "; float reference on cpu"
     task = summary.get("task_metric")

@@ -59,13 +59,13 @@ def resolve_builds(
         if path.is_file() and path.suffix in (".yaml", ".yml"):
             recipe = load_recipe(path, catalog_dir=catalog_dir)
             found = 0
-            for device, precision in [(t.device, t.precision) for t in recipe.targets]:
-                folder = Path(output_root) / recipe.name / f"{device}-{precision}"
+            for target in recipe.targets:  # folders: device-precision[-ep] (Target's str)
+                folder = Path(output_root) / recipe.name / str(target)
                 if (folder / "manifest.json").is_file():
                     builds.append(open_build(folder, catalog_dir))
                     found += 1
                 else:
-                    notes.append(f"{recipe.name} {device}/{precision}: not built ({folder})")
+                    notes.append(f"{recipe.name} {target.label}: not built ({folder})")
             if not found:
                 raise ModelFileError(
                     f"no target of this recipe is built under {output_root}; run "
@@ -78,12 +78,12 @@ def resolve_builds(
 
 
 def choose_ep(build: BuildFolder, ep: str | None, device: str | None) -> str:
-    """The EP key to time on: `ep`, else `device`'s, else the build target's device's."""
+    """The EP key to time on: `ep`, else `device`'s, else the build target's."""
     from winml_recipes.runtime.providers import get_provider, provider_for_device
 
     if ep:
         return get_provider(ep).key
-    return provider_for_device(device or build.device).key
+    return provider_for_device(device).key if device else build.ep_key
 
 
 def perf(
@@ -146,16 +146,15 @@ def _time_build(
     notes: list[str],
 ) -> list[dict[str, Any]]:
     from winml_recipes.onnx.inputs import make_inputs
-    from winml_recipes.runtime.providers import provider_for_device
     from winml_recipes.sdk.errors import ExecutionProviderError
 
-    target_ep = provider_for_device(build.device).key
+    target_ep = build.ep_key
     emulated = emulation_note(ep_key)
     links = build.upstream_links()
     feeds: dict[str, Path] = {}
     for comp in build.components:
         feed = make_inputs(list(comp.inputs), {}, seed=seed, count=1)[0]
-        feeds[comp.name] = tmp / f"{build.recipe}-{build.device}-{build.precision}-{comp.name}.npz"
+        feeds[comp.name] = tmp / f"{build.relpath.replace('/', '-')}-{comp.name}.npz"
         np.savez(feeds[comp.name], **feed)
     base = {"build": build.relpath, "ep": ep_key, "emulated": emulated is not None}
     if emulated:

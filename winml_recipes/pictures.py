@@ -156,7 +156,7 @@ def draw_masks(
     photo_panel = base.copy()
     _marks(photo_panel, about, scale)
     panels = [("photo + prompt", photo_panel)]
-    target_title = f"target {build.device}/{build.precision}"
+    target_title = f"target {build.target_label}"
     caption = [f"{build.label}: target on {_ran(summary)}"]
     if ref is not None:
         float_panel = _overlay(base, r_mask, FLOAT_RGB)
@@ -231,9 +231,7 @@ def draw_classes(
             f"top-1 {'agrees' if r_top[0][0] == t_top[0][0] else 'DIFFERS'}; top-5 order "
             f"{'identical' if same else 'differs'}; " + _sqnr_text(summary, component, (output,))
         )
-    panels.append(
-        (f"target {build.device}/{build.precision} top-5", _text_panel(names(t_top), base.height))
-    )
+    panels.append((f"target {build.target_label} top-5", _text_panel(names(t_top), base.height)))
     return compose(panels, caption, out)
 
 

@@ -72,10 +72,10 @@ def run_target(
     """The built pipeline on the target device's EP (CPU simulation where that EP cannot load
     here, said in `ran_on`). `compiled`: the EPContext model (None: where there is one and
     the EP loads)."""
-    from winml_recipes.runtime.providers import availability, provider_for_device
+    from winml_recipes.runtime.providers import availability, get_provider
     from winml_recipes.runtime.target import target_session
 
-    ep = provider_for_device(build.device)
+    ep = get_provider(build.ep_key)
     on_ep = ep.is_cpu or availability(ep.key).available
     run = PipelineRun()
     for comp in build.components:
@@ -93,7 +93,7 @@ def run_target(
                 where=str(build.folder / comp.name),
             )
         feed = _feed_for(comp, inputs, run.outputs)
-        session, record = target_session(path, build.device, fallback=comp.fallback)
+        session, record = target_session(path, build.device, fallback=comp.fallback, ep=ep.key)
         run.feeds[comp.name] = feed
         run.outputs[comp.name] = session.run(feed)
         run.ran_on[comp.name] = {"model": _rel(path, build.folder), "ran_on": record["verified_on"]}

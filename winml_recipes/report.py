@@ -180,7 +180,7 @@ def _layers_section(build: BuildFolder, feeds: dict[str, dict], layers: bool | N
         try:
             with tempfile.TemporaryDirectory(prefix="winml-report-") as tmp:
                 rows, record = compare_tensors(
-                    comp.model, comp.reference, [feed], build.device, Path(tmp)
+                    comp.model, comp.reference, [feed], build.device, Path(tmp), build.ep_key
                 )
         except Exception as exc:  # a report section that cannot be made says why
             parts.append(f'<p class="note">not computed: {_e(_first_line(exc))}</p>')

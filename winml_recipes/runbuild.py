@@ -177,7 +177,7 @@ def run_and_write(
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {
         "build": str(build.folder),
-        "target": {"device": build.device, "precision": build.precision},
+        "target": dict(build.manifest["target"]),  # device, precision[, ep]
         **about,
         "target_run": target.ran_on,
     }

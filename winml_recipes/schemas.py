@@ -336,6 +336,10 @@ def report_schema() -> dict[str, Any]:
             "name": maybe_text,
             "device": maybe_text,
             "precision": maybe_text,
+            "ep": {
+                **maybe_text,
+                "description": "The EP the recipe's target names (null: the device's default).",
+            },
             "status": {"enum": ["ok", "failed", "not run"]},
             "exit_code": {"enum": [0, 1, 2, 3]},
             "error": {**maybe_text, "description": "One line: where, what, what to do."},

@@ -39,12 +39,18 @@ BENCH_ONLY = {"sam3-mid"}
 GOLDEN_DIR = Path(__file__).with_suffix("")
 
 
-def _has_golden(recipe: str, device: str, precision: str) -> bool:
-    name = re.sub(r"\W", "_", f"test_graph_digest[{recipe}-{device}-{precision}]")
+def _case_id(recipe: str, device: str, precision: str, ep: str | None) -> str:
+    """recipe-device-precision[-ep]: a target the recipe builds for another EP than the
+    device's has one of its own."""
+    return f"{recipe}-{device}-{precision}" + (f"-{ep}" if ep else "")
+
+
+def _has_golden(*case) -> bool:
+    name = re.sub(r"\W", "_", f"test_graph_digest[{_case_id(*case)}]")
     return (GOLDEN_DIR / f"{name}.yml").is_file()
 
 
-def _offline_targets() -> list[tuple[str, str, str]]:
+def _offline_targets() -> list[tuple[str, str, str, str | None]]:
     """Targets of the repo's offline recipes that have a golden file; with
     WINML_GOLDEN_ALL=1 (`make golden`) every offline target, to create new ones. A recipe
     a user adds (e.g. with `init`) is not a golden case until `make golden` writes one."""
@@ -58,9 +64,9 @@ def _offline_targets() -> list[tuple[str, str, str]]:
         recipe = api.load(path)
         if _builds_offline(recipe):
             cases += [
-                (path.stem, t.device, t.precision)
+                (path.stem, t.device, t.precision, t.ep or None)
                 for t in recipe.targets
-                if everything or _has_golden(path.stem, t.device, t.precision)
+                if everything or _has_golden(path.stem, t.device, t.precision, t.ep or None)
             ]
     return cases
 
@@ -69,20 +75,24 @@ CASES = _offline_targets()
 
 
 def test_every_local_recipe_has_golden_cases() -> None:
-    assert ("sam3-tiny", "cpu", "fp32") in CASES
+    assert ("sam3-tiny", "cpu", "fp32", None) in CASES
 
 
 @pytest.mark.parametrize(
-    ("recipe", "device", "precision"), CASES, ids=[f"{r}-{d}-{p}" for r, d, p in CASES]
+    ("recipe", "device", "precision", "ep"), CASES, ids=[_case_id(*c) for c in CASES]
 )
-def test_graph_digest(recipe, device, precision, tmp_path, data_regression, request) -> None:
+def test_graph_digest(recipe, device, precision, ep, tmp_path, data_regression, request) -> None:
 
     import yaml
 
     from winml_recipes import api
 
     result = api.build(
-        RECIPES / f"{recipe}.yaml", device=device, precision=precision, output_root=tmp_path
+        RECIPES / f"{recipe}.yaml",
+        device=device,
+        precision=precision,
+        ep=ep,
+        output_root=tmp_path,
     )
     digests = {
         name: yaml.safe_load((path.parent / "graph.yaml").read_text())

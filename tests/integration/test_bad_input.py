@@ -471,7 +471,7 @@ def test_all_targets_builds_each_declared_target(proj: Project) -> None:
 def test_all_targets_with_device_is_refused(proj: Project) -> None:
     path = proj.recipe(HEAD)
     assert user_error("build", path, "-o", proj.out, "--all-targets", "--device", "npu") == (
-        "--all-targets cannot be combined with --device/--precision"
+        "--all-targets cannot be combined with --device/--precision/--ep"
     )
     proj.assert_nothing_written()
 

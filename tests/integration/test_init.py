@@ -47,7 +47,7 @@ def test_init_local_file_validates_and_builds(tmp_path, monkeypatch) -> None:
     assert component["dims"] == {"batch": 1}
     assert cli("validate", "recipes/mlp.yaml").exit_code == 0
     targets = api.targets_of(tmp_path / "recipes" / "mlp.yaml")
-    assert ("cpu", "fp32") in targets and ("npu", "w8a16") in targets
+    assert ("cpu", "fp32", None) in targets and ("npu", "w8a16", None) in targets
     built = api.build(tmp_path / "recipes" / "mlp.yaml", output_root=tmp_path / "out")
     assert built.models["model"].is_file()
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from winml_recipes.exec.matrix import MatrixReport, parse_targets
-from winml_recipes.exec.task import TargetOutcome
+from winml_recipes.exec.matrix import MatrixReport, expand, parse_targets
+from winml_recipes.exec.task import TargetOutcome, TargetTask
 from winml_recipes.sdk.errors import RecipeError
 
 
@@ -52,6 +52,28 @@ def test_table_has_a_row_per_target_and_a_total() -> None:
 
 def test_parse_targets() -> None:
     assert parse_targets("all") is None
-    assert parse_targets(" cpu/int8, npu/w8a16") == [("cpu", "int8"), ("npu", "w8a16")]
+    assert parse_targets(" cpu/int8, npu/w8a16") == [("cpu", "int8", None), ("npu", "w8a16", None)]
+    assert parse_targets("npu/uint8/openvino") == [("npu", "uint8", "openvino")]
     with pytest.raises(RecipeError, match="expected all or DEVICE/PRECISION"):
         parse_targets("cpu-int8")
+    with pytest.raises(RecipeError, match="expected all or DEVICE/PRECISION"):
+        parse_targets("npu/uint8/openvino/x")
+
+
+def test_targets_without_an_ep_name_the_default_eps_target() -> None:
+    """npu/uint8 names the target built for the device's default EP, npu/uint8/openvino the
+    one the recipe builds for OpenVINO; a recipe that builds npu/uint8 only for OpenVINO is
+    named by either."""
+    both = [("npu", "uint8", None), ("npu", "uint8", "openvino"), ("cpu", "fp32", None)]
+    ov_only = [("npu", "uint8", "openvino")]
+    base = TargetTask("")
+    tasks, _ = expand(["r"], [("npu", "uint8", None)], base, lambda r: both)
+    assert [(t.device, t.precision, t.ep) for t in tasks] == [("npu", "uint8", None)]
+    tasks, _ = expand(["r"], [("npu", "uint8", "openvino")], base, lambda r: both)
+    assert [t.target for t in tasks] == ["npu/uint8/openvino"]
+    tasks, _ = expand(["r"], None, base, lambda r: both)
+    assert [t.target for t in tasks] == ["npu/uint8", "npu/uint8/openvino", "cpu/fp32"]
+    tasks, _ = expand(["r"], [("npu", "uint8", None)], base, lambda r: ov_only)
+    assert [t.target for t in tasks] == ["npu/uint8/openvino"]
+    with pytest.raises(RecipeError, match="no recipe declares npu/uint8/qnn"):
+        expand(["r"], [("npu", "uint8", "qnn")], base, lambda r: ov_only)

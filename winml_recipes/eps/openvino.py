@@ -121,10 +121,94 @@ def unified_scale_groups(model: onnx.ModelProto, activations: Sequence[str]) -> 
     return sorted(sorted(g) for g in groups.values() if len(g) > 1)
 
 
+# Why a MatMul or Gemm with a constant weight whose data input is a Concat along a row
+# axis stays float (docs/eps/openvino.md, "Concat feeding a MatMul"): OpenVINO's
+# ConcatTransformation gives the Concat's dequantization one zero point per slice along the
+# Concat axis (even when every input has the same one), and MatMulTransformation cannot
+# broadcast a zero point that varies along a row axis of its data input: the model does not
+# load ("[MatMulTransformation] ... cannot be broadcasted"). Measured with OpenVINO 2026.4
+# (onnxruntime-ep-openvino 1.8.1) on graphs of 2-4 dimensions and Concat axes 0-2; a
+# Concat along the contracted (last) axis, a Reshape or a quantized Add between, a zero
+# point of 0, or two activation inputs load.
+CONCAT_ROWS_REASON = (
+    "OpenVINO cannot load a quantized {op} whose data input is a Concat along axis {axis} "
+    "(a row axis, not the contracted one): its MatMul int8 transformation cannot broadcast "
+    "the per-slice zero point; left float"
+)
+
+
+def _contracted_axis(node: onnx.NodeProto, rank: int) -> int:
+    """The axis of the data input (A) a MatMul or Gemm contracts."""
+    if node.op_type == "Gemm":
+        trans_a = next((a.i for a in node.attribute if a.name == "transA"), 0)
+        return 0 if trans_a else 1
+    return rank - 1
+
+
+def _ranks(model: onnx.ModelProto, names: set[str]) -> dict[str, int]:
+    """Ranks of `names` from the declared value infos, else from shape inference."""
+    infos = [*model.graph.value_info, *model.graph.input, *model.graph.output]
+    ranks = {
+        vi.name: len(vi.type.tensor_type.shape.dim)
+        for vi in infos
+        if vi.name in names and vi.type.tensor_type.HasField("shape")
+    }
+    if names - set(ranks):
+        import onnx
+
+        from winml_recipes.onnx.lightview import light_view
+
+        try:  # on a view without the weights' bytes
+            inferred = onnx.shape_inference.infer_shapes(light_view(model))
+        except Exception:  # unknown domains...: what the model declares
+            return ranks
+        for vi in inferred.graph.value_info:
+            if vi.name in names and vi.type.tensor_type.HasField("shape"):
+                ranks.setdefault(vi.name, len(vi.type.tensor_type.shape.dim))
+    return ranks
+
+
+def concat_row_matmuls(model: onnx.ModelProto) -> dict[str, str]:
+    """MatMul/Gemm nodes with a constant weight whose data input is a Concat along a row
+    axis (not the contracted one): node name -> why it stays float (CONCAT_ROWS_REASON).
+    Only the top-level graph: the quantizer does not quantize subgraphs."""
+    graph = model.graph
+    constants = {t.name for t in graph.initializer}
+    constants |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    concats = {n.output[0]: n for n in graph.node if n.op_type == "Concat" and n.output}
+    candidates = [
+        n
+        for n in graph.node
+        if n.op_type in ("MatMul", "Gemm")
+        and len(n.input) >= 2
+        and n.input[1] in constants
+        and n.input[0] in concats
+        and n.name  # the quantizer excludes nodes by name
+    ]
+    ranks = _ranks(model, {n.input[0] for n in candidates})
+    out: dict[str, str] = {}
+    for node in candidates:
+        concat = concats[node.input[0]]
+        axis = next((a.i for a in concat.attribute if a.name == "axis"), 0)
+        rank = ranks.get(node.input[0])
+        if rank is None:  # unknown rank: only a last-axis Concat (-1) is known to load
+            if axis == -1:
+                continue
+            out[node.name] = CONCAT_ROWS_REASON.format(op=node.op_type, axis=axis)
+            continue
+        axis = axis % rank if rank else axis
+        if axis != _contracted_axis(node, rank):
+            out[node.name] = CONCAT_ROWS_REASON.format(op=node.op_type, axis=axis)
+    return out
+
+
 @dataclass
 class OpenVinoQuantRules(QuantRules):
     """OpenVINO's QDQ scheme (see the module docstring); what onnxruntime's quantizer
     needs to write it."""
+
+    def float_nodes(self, model: onnx.ModelProto) -> dict[str, str]:
+        return concat_row_matmuls(model)
 
     def adjust_ranges(
         self, model: onnx.ModelProto, ranges: dict[str, Any], tensors: Sequence[str]
@@ -182,6 +266,7 @@ QUANT_RULES = OpenVinoQuantRules(
     # ("No suitable implementations", docs/eps/openvino.md); NNCF's NPU config has no
     # 16-bit activations.
     allowed={"activation_type": ("uint8",), "weight_type": ("int8",)},
+    revision=1,  # 1: MatMuls fed by a row-axis Concat stay float
 )
 
 

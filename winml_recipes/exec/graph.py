@@ -259,6 +259,7 @@ class TaskGraph:
                     plan.target.device,
                     plan.target.precision,
                     FAILED,
+                    ep=plan.target.ep or None,
                     exit_code=result.exit_code,
                     error=error,
                     evidence_dir=evidence,

@@ -107,31 +107,60 @@ class MatrixReport:
         return "\n".join(lines)
 
 
-def parse_targets(text: str | None) -> list[tuple[str, str]] | None:
-    """`all` (or nothing): None; else "cpu/int8,npu/w8a16" as (device, precision) pairs."""
+# A target as the matrix names it: device, precision and the EP the recipe named (None:
+# the device's default EP).
+TargetKey = tuple[str, str, str | None]
+
+
+def parse_targets(text: str | None) -> list[TargetKey] | None:
+    """`all` (or nothing): None; else "cpu/int8,npu/uint8/openvino" as (device, precision,
+    ep) triples (ep None when not given)."""
     if text is None or text.strip() == "all":
         return None
-    out = []
+    out: list[TargetKey] = []
     for item in text.split(","):
-        device, sep, precision = item.strip().partition("/")
-        if not sep or not device or not precision:
+        parts = item.strip().split("/")
+        if len(parts) not in (2, 3) or not all(parts):
             raise RecipeError(
-                f"--targets {text!r}: expected all or DEVICE/PRECISION[,...], e.g. cpu/int8"
+                f"--targets {text!r}: expected all or DEVICE/PRECISION[/EP][,...], e.g. "
+                "cpu/int8 or npu/uint8/openvino"
             )
-        out.append((device, precision))
+        out.append((parts[0], parts[1], parts[2] if len(parts) == 3 else None))
     return out
+
+
+def _as_key(target: Sequence[str | None]) -> TargetKey:
+    device, precision, *rest = target
+    return (str(device), str(precision), (rest[0] or None) if rest else None)
+
+
+def _wants(wanted: list[TargetKey] | None, target: TargetKey, declared: list[TargetKey]) -> bool:
+    """Whether `target` (declared) is asked for. DEVICE/PRECISION without an EP names the
+    target built for the device's default EP (the one without `ep:`), else any of them."""
+    if wanted is None:
+        return True
+    device, precision, ep = target
+    for w_device, w_precision, w_ep in wanted:
+        if (w_device, w_precision) != (device, precision):
+            continue
+        if w_ep is not None:
+            if w_ep == ep:
+                return True
+        elif ep is None or not any(d[:2] == target[:2] and d[2] is None for d in declared):
+            return True
+    return False
 
 
 def expand(
     recipes: Sequence[Path | str],
-    wanted: list[tuple[str, str]] | None,
+    wanted: list[TargetKey] | None,
     base: TargetTask,
-    declared: Callable[[str], list[tuple[str, str]]],
+    declared: Callable[[str], Sequence[Sequence[str | None]]],
 ) -> tuple[list[TargetTask], list[TargetOutcome]]:
     """One task per recipe x declared target (filtered by `wanted`); a recipe that cannot
     even be read fails as one outcome of its own, the others go on."""
     tasks, failed = [], []
-    matched: set[tuple[str, str]] = set()
+    matched: set[TargetKey] = set()
     for recipe in recipes:
         try:
             targets = declared(str(recipe))
@@ -142,11 +171,17 @@ def expand(
                 )
             )
             continue
-        for device, precision in targets:
-            if wanted is None or (device, precision) in wanted:
-                matched.add((device, precision))
-                tasks.append(replace(base, recipe=str(recipe), device=device, precision=precision))
-    missing = [f"{d}/{p}" for d, p in wanted or [] if (d, p) not in matched]
+        keys = [_as_key(t) for t in targets]
+        for key in keys:
+            if _wants(wanted, key, keys):
+                device, precision, ep = key
+                matched.update({key, (device, precision, None)})
+                tasks.append(
+                    replace(base, recipe=str(recipe), device=device, precision=precision, ep=ep)
+                )
+    missing = [
+        f"{d}/{p}" + (f"/{e}" if e else "") for d, p, e in wanted or [] if (d, p, e) not in matched
+    ]
     if missing and not failed:
         raise RecipeError(f"--targets: no recipe declares {', '.join(missing)}")
     return tasks, failed
@@ -176,6 +211,7 @@ def plan_targets(
                 task.device,
                 task.precision,
                 FAILED,
+                ep=task.ep,
                 exit_code=error.exit_code,
                 error=str(error),
             )
@@ -337,6 +373,7 @@ class TargetLocks:
             plan.target.device,
             plan.target.precision,
             FAILED,
+            ep=plan.target.ep or None,
             exit_code=exc.exit_code,
             error=str(exc),
             name=plan.recipe.name,

@@ -20,11 +20,13 @@ EXIT_OK = 0
 
 @dataclass(frozen=True)
 class TargetTask:
-    """Build `recipe` for `device`/`precision` (None: the recipe's first target)."""
+    """Build `recipe` for `device`/`precision` (None: the recipe's first target) and `ep`
+    (an EP plugin's key, for a target the recipe builds for another EP than the device's)."""
 
     recipe: str
     device: str | None = None
     precision: str | None = None
+    ep: str | None = None
     defines: dict[str, Any] = field(default_factory=dict)
     catalog_dir: str | None = None
     source: str | None = None
@@ -39,7 +41,7 @@ class TargetTask:
 
     @property
     def target(self) -> str:
-        return f"{self.device}/{self.precision}" if self.device else "default target"
+        return _label(self.device, self.precision, self.ep)
 
     def plan(self, *, fetch: bool = True):
         """Load the recipe for this target and plan it (fetch=False: no downloads)."""
@@ -55,6 +57,7 @@ class TargetTask:
             defines=self.defines,
             catalog_dir=Path(self.catalog_dir) if self.catalog_dir else None,
             source=self.source,
+            ep=self.ep,
         )
         return make_plan(recipe, fetch=fetch)
 
@@ -82,17 +85,25 @@ class TargetOutcome:
     resources: dict[str, float] = field(default_factory=dict)  # what a scheduler granted
     error_data: dict[str, Any] = field(default_factory=dict)  # the error's detail (bisection)
     evidence_dir: str | None = None  # failed: the `.failed` folder with what it made so far
+    ep: str | None = None  # the EP the recipe named for the target (None: the device's)
 
     @property
     def target(self) -> str:
-        return f"{self.device}/{self.precision}" if self.device else "default target"
+        return _label(self.device, self.precision, self.ep)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+def _label(device: str | None, precision: str | None, ep: str | None) -> str:
+    """device/precision[/ep], as messages name a target."""
+    if not device:
+        return "default target" + (f" for {ep}" if ep else "")
+    return f"{device}/{precision}" + (f"/{ep}" if ep else "")
+
+
 def not_run(task: TargetTask, why: str) -> TargetOutcome:
-    return TargetOutcome(task.recipe, task.device, task.precision, NOT_RUN, error=why)
+    return TargetOutcome(task.recipe, task.device, task.precision, NOT_RUN, error=why, ep=task.ep)
 
 
 def as_winml_error(exc: Exception) -> WinmlError:

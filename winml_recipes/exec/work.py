@@ -256,6 +256,7 @@ def assemble(task: AssembleTask) -> TaskResult:
         plan.target.device,
         plan.target.precision,
         OK,
+        ep=plan.target.ep or None,
         wall_seconds=round(time.perf_counter() - started, 3),
         output_dir=str(result.output_dir),
         manifest_path=str(result.output_dir / "manifest.json"),

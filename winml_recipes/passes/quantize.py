@@ -95,6 +95,8 @@ class QuantizePass(Pass[QuantizeOptions]):
         rules = provider_for(ctx.target).quant_rules
         if rules is not None:  # the EP's rules (their code is not in the pass's digest)
             preset["ep_rules"] = [type(rules).__module__, type(rules).__qualname__, rules.name]
+            if rules.revision:
+                preset["ep_rules"].append(rules.revision)
         if not isinstance(config.mixed_precision, MixedAuto):
             return {"data": data, "preset": preset}
         # Automatic mixed precision scores candidates on the target's EP where it loads.
@@ -281,6 +283,11 @@ def _static(
     overrides, float_nodes = compile_regions(cfg.regions, model, tensors)
     # the producers and readers of a tensor with no range stay float
     float_nodes = [*float_nodes, *_touching(model, nonfinite)]
+    if rules is not None:  # nodes the EP cannot run quantized, with its reasons
+        ep_float = rules.float_nodes(model)
+        if ep_float:
+            ep_metrics["ep_float_nodes"] = ep_float
+        float_nodes = [*float_nodes, *ep_float]
     exclude = [*exclude, *[n for n in dict.fromkeys(float_nodes) if n not in exclude]]
     started = time.perf_counter()
     quantize_static_qdq(src, out, cfg, ranges_path, overrides, exclude, rules)

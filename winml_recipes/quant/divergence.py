@@ -119,8 +119,10 @@ def compare_tensors(
     feeds: Sequence[Mapping[str, np.ndarray]],
     device: str,
     work_dir: Path,
+    ep: str | None = None,
 ) -> tuple[list[TensorRow], dict[str, Any]]:
-    """Rows in graph order, and the record of where the target ran (EP, placement)."""
+    """Rows in graph order, and the record of where the target ran (EP, placement); on
+    `ep` (an EP plugin's key), else the device's default EP."""
     from winml_recipes.onnx.io import load_model, save_model
     from winml_recipes.onnx.metrics import compare_runs
     from winml_recipes.runtime.sessions import run_model
@@ -140,16 +142,16 @@ def compare_tensors(
     )
     all_feeds = feeds
     try:
-        target = run_on_target(tapped_qdq, feeds, device, {"allow_cpu_fallback": True})
+        target = run_on_target(tapped_qdq, feeds, device, {"allow_cpu_fallback": True}, ep=ep)
     except ExecutionProviderError as exc:  # no node named: compare up to the failing region
         tapped_qdq, taps, target = _up_to_failing_region(exc, candidate, qdq, taps, feeds, device,
-                                                         work_dir)  # fmt: skip
+                                                         work_dir, ep)  # fmt: skip
         feeds = [{k: v for k, v in f.items() if k in target.record["inputs"]} for f in feeds]
         del target.record["inputs"]
     else:
         # Extra graph outputs can change how the EP partitions and compiles the graph:
         # compare the tapped run's final outputs with the untouched model's on the same EP.
-        untapped = run_on_target(candidate, feeds, device, {"allow_cpu_fallback": True})
+        untapped = run_on_target(candidate, feeds, device, {"allow_cpu_fallback": True}, ep=ep)
         finals = [o.name for o in load_model(candidate, load_external_data=False).graph.output]
         agreement = compare_runs(
             [{n: r[n] for n in finals} for r in untapped.outputs],
@@ -222,6 +224,7 @@ def _up_to_failing_region(
     feeds: Sequence[Mapping[str, np.ndarray]],
     device: str,
     work_dir: Path,
+    ep: str | None = None,
 ) -> tuple[Path, list[Tap], Any]:
     """The EP cannot finalize the tapped graph: bisect the candidate, then run the taps of
     the prefix that ends before the smallest failing region (the tapped path, the taps kept
@@ -231,7 +234,7 @@ def _up_to_failing_region(
     from winml_recipes.runtime.providers import provider_for_device
     from winml_recipes.runtime.target import run_on_target
 
-    explained = explain(error, candidate, provider_for_device(device).key, fallback=True)
+    explained = explain(error, candidate, ep or provider_for_device(device).key, fallback=True)
     if "bisection" not in explained.data:
         raise explained
     region = explained.data["bisection"]
@@ -249,7 +252,7 @@ def _up_to_failing_region(
     produced = {o for n in prefix.graph.node for o in n.output}
     kept = [t for t in taps if t.q_output in produced]
     path = save_model(_with_outputs(prefix, [t.q_output for t in kept]), work_dir / "prefix.onnx")
-    target = run_on_target(path, feeds, device, {"allow_cpu_fallback": True})
+    target = run_on_target(path, feeds, device, {"allow_cpu_fallback": True}, ep=ep)
     target.record["bisection"] = {**region, "message": explained.message}
     target.record["compared_up_to"] = cutter.node_id(earlier[-1])[0]
     target.record["inputs"] = [i.name for i in prefix.graph.input]

@@ -77,6 +77,8 @@ class QuantRules:
     requires_static_qdq: bool = True
     defaults: Mapping[str, Any] = field(default_factory=dict)
     allowed: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    # bumped when the hooks change what they write (their code is not in the cache key)
+    revision: int = 0
 
     def check(self, cfg: Any) -> str | None:
         """Why a resolved QuantConfig does not suit the EP (one line), else None."""
@@ -95,6 +97,11 @@ class QuantRules:
 
     def after_calibration(self, model: onnx.ModelProto) -> dict[str, Any]:
         """Rewrite the float model in place once ranges are known (e.g. sentinels)."""
+        return {}
+
+    def float_nodes(self, model: onnx.ModelProto) -> dict[str, str]:
+        """Nodes of the float model the EP needs left in float (node name -> why, one
+        line); the quantizer excludes them and they read float inputs."""
         return {}
 
     def adjust_ranges(
