@@ -85,7 +85,9 @@ def test_repo_recipes_load_for_each_target(recipe: Path) -> None:
     first = load_recipe(recipe)
     assert first.target == first.targets[0]
     for target in first.targets:
-        r = load_recipe(recipe, device=target.device, precision=target.precision)
+        r = load_recipe(
+            recipe, device=target.device, precision=target.precision, ep=target.ep or None
+        )
         assert r.target == target
         assert r.variables["device"] == target.device
         assert list(r.components) == list(r.catalog.components)
