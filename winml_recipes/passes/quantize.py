@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from winml_recipes.quant.config import (
+    AlgorithmsAuto,
     MixedAuto,
     QuantConfig,
     QuantizeOptions,
@@ -37,7 +38,7 @@ HELD_OUT_KEYS = ("npz", "images", "dataset")
 @register
 class QuantizePass(Pass[QuantizeOptions]):
     name = "quantize"
-    version = 7
+    version = 8
     summary = "Static (calibrated QDQ, the EP's rules, mixed precision) or dynamic quantization."
     precisions = precisions_of_kind("integer")
     uses_contract = True
@@ -75,6 +76,11 @@ class QuantizePass(Pass[QuantizeOptions]):
             own = {k: getattr(auto.auto, k) for k in HELD_OUT_KEYS if getattr(auto.auto, k)}
             if own:
                 reads.append(DataRead("held_out", own, auto.auto.skip, auto.auto.samples))
+        algos = config.algorithms
+        if isinstance(algos, AlgorithmsAuto):
+            own = {k: getattr(algos, k) for k in HELD_OUT_KEYS if getattr(algos, k)}
+            if own:
+                reads.append(DataRead("held_out", own, 0, algos.samples))
         return reads
 
     def depends_on(self, config: QuantizeOptions) -> tuple[str, ...]:
@@ -95,7 +101,8 @@ class QuantizePass(Pass[QuantizeOptions]):
         rules = provider_for(ctx.target).quant_rules
         if rules is not None:  # the EP's rules (their code is not in the pass's digest)
             preset["ep_rules"] = [type(rules).__module__, type(rules).__qualname__, rules.name]
-        if not isinstance(config.mixed_precision, MixedAuto):
+        scored = isinstance(config.mixed_precision, MixedAuto) or config.algorithms == "auto"
+        if not (scored or isinstance(config.algorithms, AlgorithmsAuto)):
             return {"data": data, "preset": preset}
         # Automatic mixed precision scores candidates on the target's EP where it loads.
         ep = identity(provider_for(ctx.target).key)
@@ -234,7 +241,7 @@ def _static(
         def keep(feed, outputs):
             store_outputs(store, ctx.input_digest, feed, outputs)
 
-    def held_out_feeds(samples: int, own: dict[str, Any]):
+    def held_out_feeds(samples: int, own: dict[str, Any], skip: int = 0):
         return feeds_for(
             own or cal_options,
             ctx.contract,
@@ -245,7 +252,7 @@ def _static(
             ctx.store,
             for_calibration=True,
             # its own data: as told; the calibration files: the samples after calibration's
-            skip=cfg.auto.get("skip", 0) if own and cfg.auto else cal.samples,
+            skip=skip if own else cal.samples,
             held_out=True,
         )
 
@@ -261,7 +268,9 @@ def _static(
 
         done, algorithms_record = choose(
             float_src, out, load_model(float_src, load_external_data=False), attempt,
-            held_out_feeds(int(cfg.algorithms_auto["samples"]), {}), cfg, ctx,
+            held_out_feeds(int(cfg.algorithms_auto["samples"]),
+                           {k: v for k in HELD_OUT_KEYS if (v := cfg.algorithms_auto.get(k))}),
+            cfg, ctx,
         )  # fmt: skip
         keep = None
     else:
@@ -294,7 +303,7 @@ def _static(
         from winml_recipes.quant.auto import promote
 
         own = {k: cfg.auto[k] for k in HELD_OUT_KEYS if cfg.auto.get(k)}
-        held_out = held_out_feeds(cfg.auto["samples"], own)
+        held_out = held_out_feeds(cfg.auto["samples"], own, cfg.auto.get("skip", 0))
         metrics["mixed_precision_auto"] = promote(
             done.src,
             out,

@@ -105,6 +105,12 @@ class AlgorithmsAuto:
     budget_seconds: float = option(600.0, "Stop trying candidates after this.", minimum=1)
     samples: int = option(4, "Held-out samples each candidate is scored on.", minimum=1,
                           maximum=64)  # fmt: skip
+    npz: str | None = option(
+        None, "Held-out scoring data (.npz glob). Default: the calibration files' samples "
+        "after the calibration ones (build --onnx: its --eval-data)."
+    )  # fmt: skip
+    images: str | None = option(None, "Held-out scoring data: an image folder.")
+    dataset: str | None = option(None, "Held-out scoring data: a saved `datasets` split.")
 
 
 @dataclass(frozen=True)
