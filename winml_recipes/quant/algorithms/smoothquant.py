@@ -14,6 +14,7 @@ import numpy as np
 import onnx_ir as ir
 
 from winml_recipes.quant.algorithms.graphs import (
+    HOMOGENEOUS,
     Linear,
     const,
     linear,
@@ -67,6 +68,7 @@ def _channels(layer: Linear) -> int:
 def _fold(value: ir.Value, s: np.ndarray) -> str | None:
     """Divide `value` by s (last axis) upstream: how, or None (then nothing changed)."""
     adds: list[ir.Value] = []  # constants of Adds on the way (divided too)
+    through: list[str] = []  # positively homogeneous ops passed through
     v = value
     while True:
         node = v.producer()
@@ -78,7 +80,8 @@ def _fold(value: ir.Value, s: np.ndarray) -> str | None:
             prev = other.producer()
             lin = linear(prev) if prev is not None else None
             if lin is not None and lin.out is v:  # a MatMul and its bias
-                return _done(adds, s, partial(scale_out, lin, s), f"{lin.node.name} output")
+                return _done(adds, s, partial(scale_out, lin, s), f"{lin.node.name} output",
+                             through)  # fmt: skip
             adds.append(node.inputs[k])
             v = other
             continue
@@ -90,17 +93,23 @@ def _fold(value: ir.Value, s: np.ndarray) -> str | None:
             if all(_per_channel(x, len(s)) for x in ln):
                 return _done(adds, s, partial(_divide_all, ln, s), f"{node.name} scale and bias")
             return None
+        if node.op_type in HOMOGENEOUS and node.inputs[0] is not None:  # f(x/s) = f(x)/s
+            through.append(node.name)
+            v = node.inputs[0]
+            continue
         lin = linear(node)
         if lin is not None and lin.out is v and node.op_type == "Gemm":
-            return _done(adds, s, partial(scale_out, lin, s), f"{node.name} output")
+            return _done(adds, s, partial(scale_out, lin, s), f"{node.name} output", through)
         return None
 
 
-def _done(adds: list[ir.Value], s: np.ndarray, fold, where: str) -> str:
+def _done(
+    adds: list[ir.Value], s: np.ndarray, fold, where: str, through: list[str] | None = None
+) -> str:
     for c in adds:
         _divide(c, s)
     fold()
-    return " via ".join([where, *(f"{c.name}" for c in adds)])
+    return " via ".join([where, *(c.name for c in adds), *(through or [])])
 
 
 def _divide_all(values: list[ir.Value], s: np.ndarray) -> None:
@@ -125,13 +134,19 @@ def _divide(value: ir.Value, s: np.ndarray) -> None:
 
 def _insert_mul(graph: ir.Graph, value: ir.Value, s: np.ndarray) -> None:
     users = list(value.uses())  # before the Mul reads it too
-    inv = ir.Value(name=f"{value.name}_smooth_scale")
-    inv.const_value = ir.tensor((1.0 / s).astype(np.float32), name=inv.name)
+    scale = ir.tensor((1.0 / s).astype(value.dtype.numpy() if value.dtype else np.float32))
+    inv = ir.Value(
+        name=f"{value.name}_smooth_scale",
+        shape=ir.Shape(scale.shape),
+        type=ir.TensorType(scale.dtype),
+        const_value=scale,
+    )
     graph.register_initializer(inv)
     mul = ir.Node("", "Mul", [value, inv], name=f"{value.name}_smooth")
     mul.outputs[0].name = f"{value.name}_smoothed"
-    mul.outputs[0].dtype = value.dtype
-    mul.outputs[0].shape = value.shape
+    if value.dtype is not None:
+        mul.outputs[0].dtype = value.dtype
+        mul.outputs[0].shape = value.shape
     graph.insert_after(value.producer(), mul)
     for use in users:
         use.node.replace_input_with(use.idx, mul.outputs[0])
