@@ -186,3 +186,17 @@ def test_auto_keeps_what_scores_best_on_htp_and_says_what_it_tried(tmp_path) -> 
     kept = min(tried[tuple(record["kept"])]["output_sqnr_db"].values())
     assert all(min(t["output_sqnr_db"].values()) <= kept + 0.1 for t in tried.values()
                if "output_sqnr_db" in t)  # fmt: skip
+
+
+def test_algorithms_need_static_mode_and_keep_their_running_order() -> None:
+    from winml_recipes.presets import resolve_target
+    from winml_recipes.quant.config import QuantizeOptions, resolve
+    from winml_recipes.sdk.errors import PlanError
+
+    target = resolve_target("cpu", "uint8")
+    with pytest.raises(PlanError, match="algorithms need calibration data"):
+        resolve(QuantizeOptions(mode="dynamic", algorithms=("cle",)), target)
+    cfg = resolve(QuantizeOptions(algorithms=("bias_correction", "cle")), target)
+    assert cfg.algorithms == ("cle", "bias_correction") and cfg.algorithms_auto is None
+    auto = resolve(QuantizeOptions(algorithms="auto"), target)
+    assert auto.algorithms == () and auto.algorithms_auto["budget_seconds"] == 600.0
