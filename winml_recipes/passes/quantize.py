@@ -241,7 +241,7 @@ def _static(
         def keep(feed, outputs):
             store_outputs(store, ctx.input_digest, feed, outputs)
 
-    def held_out_feeds(samples: int, own: dict[str, Any], skip: int = 0):
+    def held_out_feeds(samples: int, own: dict[str, Any], skip: int):
         return feeds_for(
             own or cal_options,
             ctx.contract,
@@ -252,12 +252,17 @@ def _static(
             ctx.store,
             for_calibration=True,
             # its own data: as told; the calibration files: the samples after calibration's
-            skip=skip if own else cal.samples,
+            skip=skip,
             held_out=True,
         )
 
     algorithms_record: dict[str, Any] | None = None
     if cfg.algorithms_auto is not None:
+        own_held_out = {k: v for k in HELD_OUT_KEYS if (v := cfg.algorithms_auto.get(k))}
+        # held out from calibration files: the samples after calibration's; bundled or
+        # synthetic data have a held-out set of their own (a skip would empty it)
+        from_files = any(cal_options.get(k) for k in HELD_OUT_KEYS)
+        skip_held_out = 0 if own_held_out or not from_files else cal.samples
         from winml_recipes.quant.algorithms.choose import choose
 
         def attempt(algorithms: tuple[str, ...], dest: Path, work: Path) -> _Quantized:
@@ -268,8 +273,7 @@ def _static(
 
         done, algorithms_record = choose(
             float_src, out, load_model(float_src, load_external_data=False), attempt,
-            held_out_feeds(int(cfg.algorithms_auto["samples"]),
-                           {k: v for k in HELD_OUT_KEYS if (v := cfg.algorithms_auto.get(k))}),
+            held_out_feeds(int(cfg.algorithms_auto["samples"]), own_held_out, skip_held_out),
             cfg, ctx,
         )  # fmt: skip
         keep = None
@@ -303,7 +307,9 @@ def _static(
         from winml_recipes.quant.auto import promote
 
         own = {k: cfg.auto[k] for k in HELD_OUT_KEYS if cfg.auto.get(k)}
-        held_out = held_out_feeds(cfg.auto["samples"], own, cfg.auto.get("skip", 0))
+        # its own data: as told; the calibration files: the samples after calibration's
+        skip = cfg.auto.get("skip", 0) if own else cal.samples
+        held_out = held_out_feeds(cfg.auto["samples"], own, skip)
         metrics["mixed_precision_auto"] = promote(
             done.src,
             out,
