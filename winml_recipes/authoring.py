@@ -336,6 +336,9 @@ def _steps_with_data(
         name, options = (step, {}) if isinstance(step, str) else next(iter(step.items()))
         if name == "quantize" and calibration is not None:
             options = {**options, "calibration": _data_option(calibration)}
+            if held_out is not None and options.get("algorithms") == "auto":
+                # `algorithms: auto` scores its candidates on the held-out data too
+                options["algorithms"] = _data_option(held_out)
         elif name == "verify" and held_out is not None:
             options = {**options, **_data_option(held_out)}
             if allow_overlap:

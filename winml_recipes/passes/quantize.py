@@ -7,11 +7,12 @@ precision and device presets fill what the recipe leaves out.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from winml_recipes.quant.config import (
+    AlgorithmsAuto,
     MixedAuto,
     QuantConfig,
     QuantizeOptions,
@@ -37,7 +38,7 @@ HELD_OUT_KEYS = ("npz", "images", "dataset")
 @register
 class QuantizePass(Pass[QuantizeOptions]):
     name = "quantize"
-    version = 7
+    version = 8
     summary = "Static (calibrated QDQ, the EP's rules, mixed precision) or dynamic quantization."
     precisions = precisions_of_kind("integer")
     uses_contract = True
@@ -75,6 +76,11 @@ class QuantizePass(Pass[QuantizeOptions]):
             own = {k: getattr(auto.auto, k) for k in HELD_OUT_KEYS if getattr(auto.auto, k)}
             if own:
                 reads.append(DataRead("held_out", own, auto.auto.skip, auto.auto.samples))
+        algos = config.algorithms
+        if isinstance(algos, AlgorithmsAuto):
+            own = {k: getattr(algos, k) for k in HELD_OUT_KEYS if getattr(algos, k)}
+            if own:
+                reads.append(DataRead("held_out", own, 0, algos.samples))
         return reads
 
     def depends_on(self, config: QuantizeOptions) -> tuple[str, ...]:
@@ -97,7 +103,8 @@ class QuantizePass(Pass[QuantizeOptions]):
             preset["ep_rules"] = [type(rules).__module__, type(rules).__qualname__, rules.name]
             if rules.revision:
                 preset["ep_rules"].append(rules.revision)
-        if not isinstance(config.mixed_precision, MixedAuto):
+        scored = isinstance(config.mixed_precision, MixedAuto) or config.algorithms == "auto"
+        if not (scored or isinstance(config.algorithms, AlgorithmsAuto)):
             return {"data": data, "preset": preset}
         # Automatic mixed precision scores candidates on the target's EP where it loads.
         ep = identity(provider_for(ctx.target).key)
@@ -191,14 +198,6 @@ def _dynamic(src: Path, out: Path, cfg: QuantConfig, exclude: list[str]) -> Step
 def _static(
     src: Path, out: Path, cfg: QuantConfig, exclude: list[str], ctx: StepContext
 ) -> StepResult:
-    from winml_recipes.quant.calibrate import (
-        CalibrationSettings,
-        calibrate,
-        tensors_to_calibrate,
-        write_ort_cache,
-    )
-    from winml_recipes.quant.mixed import compile_regions
-    from winml_recipes.quant.ort import quantize_static_qdq
     from winml_recipes.quant.report import quantization_report
     from winml_recipes.sdk.models import load_model
     from winml_recipes.sdk.samples import UpstreamFeeds, describe_source, feeds_for
@@ -231,16 +230,7 @@ def _static(
         from winml_recipes.sdk.models import save_model
 
         src = save_model(model, ctx.work_dir / "float-simplified" / "model.onnx")
-    tensors = tensors_to_calibrate(model, list(cfg.op_types) or None)
-    # Histogram settings the recipe leaves unset keep the calibrator's defaults.
-    histogram = {k: v for k in ("num_bins", "percentile") if (v := getattr(cal, k)) is not None}
-    settings = CalibrationSettings(
-        method=cal.method, symmetric=cfg.activation_symmetric, **histogram
-    )
-    settings = replace(
-        settings, num_quantized_bins=_quantized_bins(cfg.activation_type, settings.num_bins)
-    )
-    started = time.perf_counter()
+    float_src = src  # what the quantized model is judged against
     counted = _Counted(feeds, lambda seen: ctx.progress("calibration samples", seen, cal.samples))
     keep = None
     if ctx.store is not None and ctx.feeds_downstream:
@@ -253,6 +243,158 @@ def _static(
         def keep(feed, outputs):
             store_outputs(store, ctx.input_digest, feed, outputs)
 
+    def held_out_feeds(samples: int, own: dict[str, Any], skip: int):
+        return feeds_for(
+            own or cal_options,
+            ctx.contract,
+            ctx.recipe_dir,
+            ctx.upstream,
+            samples,
+            seed + HELD_OUT_SEED_OFFSET,
+            ctx.store,
+            for_calibration=True,
+            # its own data: as told; the calibration files: the samples after calibration's
+            skip=skip,
+            held_out=True,
+        )
+
+    algorithms_record: dict[str, Any] | None = None
+    if cfg.algorithms_auto is not None:
+        own_held_out = {k: v for k in HELD_OUT_KEYS if (v := cfg.algorithms_auto.get(k))}
+        # held out from calibration files: the samples after calibration's; bundled or
+        # synthetic data have a held-out set of their own (a skip would empty it)
+        from_files = any(cal_options.get(k) for k in HELD_OUT_KEYS)
+        skip_held_out = 0 if own_held_out or not from_files else cal.samples
+        from winml_recipes.quant.algorithms.choose import choose
+
+        def attempt(algorithms: tuple[str, ...], dest: Path, work: Path) -> _Quantized:
+            return _quantize_with(
+                float_src, load_model(float_src), dest, cfg, algorithms, exclude, counted,
+                ctx, work, keep if not work.name.endswith("-0") else None,
+            )  # fmt: skip
+
+        done, algorithms_record = choose(
+            float_src, out, load_model(float_src, load_external_data=False), attempt,
+            held_out_feeds(int(cfg.algorithms_auto["samples"]), own_held_out, skip_held_out),
+            cfg, ctx,
+        )  # fmt: skip
+        keep = None
+    else:
+        done = _quantize_with(
+            float_src, model, out, cfg, cfg.algorithms, exclude, counted, ctx, ctx.work_dir, keep
+        )
+        if cfg.algorithms:
+            algorithms_record = {"applied": list(cfg.algorithms), **done.algorithms}
+    ep_metrics.update(done.ep_metrics)
+    metrics: dict[str, Any] = {
+        "calibration_method": cal.method,
+        "calibration_source": describe_source(cal_options, ctx.contract, held_out=False),
+        "calibration_samples": counted.max_seen,
+        "calibration_time_seconds": round(done.calibration_seconds, 3),
+        "qdq_insertion_time_seconds": round(done.insertion_seconds, 3),
+        "tensor_overrides": sorted(done.overrides),
+        "float_nodes": done.exclude,
+        # activations with infinite values (additive masks): no range, left in float
+        "kept_float_nonfinite": done.nonfinite,
+        # activations holding sentinels (float32-min attention masks): range clamped
+        "clamped_sentinels": done.sentinels,
+        # what the EP's quantization rules changed (shared encodings, widened ranges, ...)
+        **ep_metrics,
+    }
+    if algorithms_record is not None:
+        metrics["algorithms"] = algorithms_record
+    if isinstance(feeds, UpstreamFeeds):
+        metrics["upstream_forwards"] = {"computed": feeds.computed, "reused": feeds.reused}
+    if cfg.auto is not None:
+        from winml_recipes.quant.auto import promote
+
+        own = {k: cfg.auto[k] for k in HELD_OUT_KEYS if cfg.auto.get(k)}
+        # its own data: as told; the calibration files: the samples after calibration's
+        skip = cfg.auto.get("skip", 0) if own else cal.samples
+        held_out = held_out_feeds(cfg.auto["samples"], own, skip)
+        metrics["mixed_precision_auto"] = promote(
+            done.src,
+            out,
+            cfg,
+            done.ranges_path,
+            done.overrides,
+            done.exclude,
+            held_out,
+            ctx,
+            ep_metrics.get("shared_encodings"),
+            reference_src=float_src,
+        ) | {
+            "held_out_data": _held_out_name(
+                own, cal_options, seed + HELD_OUT_SEED_OFFSET, ctx.contract
+            )
+        }
+    report = quantization_report(load_model(float_src), load_model(out))
+    return StepResult(out, _base_metrics(cfg) | report | metrics)
+
+
+@dataclass
+class _Quantized:
+    """One calibration + quantization of a float model (with some algorithms)."""
+
+    src: Path  # the float model onnxruntime quantized last (rewritten / tuned)
+    ranges_path: Path
+    overrides: dict[str, list[dict[str, Any]]]
+    exclude: list[str]
+    nonfinite: list[str]
+    sentinels: dict[str, dict[str, list[float]]]
+    ep_metrics: dict[str, Any]
+    calibration_seconds: float
+    insertion_seconds: float
+    algorithms: dict[str, Any] = field(default_factory=dict)
+
+
+def _quantize_with(
+    src: Path,
+    model,
+    out: Path,
+    cfg: QuantConfig,
+    algorithms: tuple[str, ...],
+    exclude: list[str],
+    counted: _Counted,
+    ctx: StepContext,
+    work_dir: Path,
+    keep,
+) -> _Quantized:
+    """Calibrate `model` (loaded from `src`, changed in place) and quantize it to `out`,
+    with `algorithms`: float rewrites before calibration, weight tuning after a first
+    quantization (then quantized again)."""
+    from winml_recipes.quant.algorithms import FLOAT_REWRITES, WEIGHT_TUNING
+    from winml_recipes.quant.calibrate import (
+        CalibrationSettings,
+        calibrate,
+        tensors_to_calibrate,
+        write_ort_cache,
+    )
+    from winml_recipes.quant.mixed import compile_regions
+    from winml_recipes.quant.ort import quantize_static_qdq
+    from winml_recipes.sdk.models import save_model
+
+    cal = cfg.calibration
+    assert cal is not None
+    rules = quant_rules(cfg)
+    record: dict[str, Any] = {}
+    if set(algorithms) & set(FLOAT_REWRITES):
+        from winml_recipes.quant.algorithms.run import float_rewrites
+
+        model, record["float_rewrites"] = float_rewrites(
+            model, src, algorithms, counted.factory, cal.samples, work_dir / "algorithms"
+        )
+        src = save_model(model, work_dir / "rewritten" / "model.onnx")
+    tensors = tensors_to_calibrate(model, list(cfg.op_types) or None)
+    # Histogram settings the recipe leaves unset keep the calibrator's defaults.
+    histogram = {k: v for k in ("num_bins", "percentile") if (v := getattr(cal, k)) is not None}
+    settings = CalibrationSettings(
+        method=cal.method, symmetric=cfg.activation_symmetric, **histogram
+    )
+    settings = replace(
+        settings, num_quantized_bins=_quantized_bins(cfg.activation_type, settings.num_bins)
+    )
+    started = time.perf_counter()
     nonfinite: list[str] = []
     sentinels: dict[str, dict[str, list[float]]] = {}
     ranges = calibrate(
@@ -260,25 +402,25 @@ def _static(
         counted,
         settings,
         tensors=tensors,
-        work_dir=ctx.work_dir,
+        work_dir=work_dir,
         on_outputs=keep,
         nonfinite=nonfinite,
         sentinels=sentinels,
     )
     calibration_seconds = time.perf_counter() - started
+    ep_metrics: dict[str, Any] = {}
     if sentinels or rules is not None:
         from winml_recipes.quant.calibrate import replace_sentinel_constants
-        from winml_recipes.sdk.models import save_model
 
         changed = bool(sentinels) and bool(replace_sentinel_constants(model, sentinels))
         after = rules.after_calibration(model) if rules is not None else {}
         ep_metrics.update(after)
         if changed or _changed(after):
-            src = save_model(model, ctx.work_dir / "finite-sentinels" / "model.onnx")
+            src = save_model(model, work_dir / "finite-sentinels" / "model.onnx")
     if rules is not None:
         ranges, adjusted = rules.adjust_ranges(model, ranges, tensors)
         ep_metrics.update(adjusted)
-    ranges_path = ctx.work_dir / "ranges.json"
+    ranges_path = work_dir / "ranges.json"
     write_ort_cache(ranges, ranges_path)
     overrides, float_nodes = compile_regions(cfg.regions, model, tensors)
     # the producers and readers of a tensor with no range stay float
@@ -289,60 +431,30 @@ def _static(
             ep_metrics["ep_float_nodes"] = ep_float
         float_nodes = [*float_nodes, *ep_float]
     exclude = [*exclude, *[n for n in dict.fromkeys(float_nodes) if n not in exclude]]
+    del model
     started = time.perf_counter()
     quantize_static_qdq(src, out, cfg, ranges_path, overrides, exclude, rules)
     insertion_seconds = time.perf_counter() - started
-    metrics: dict[str, Any] = {
-        "calibration_method": cal.method,
-        "calibration_source": describe_source(cal_options, ctx.contract, held_out=False),
-        "calibration_samples": counted.max_seen,
-        "calibration_time_seconds": round(calibration_seconds, 3),
-        "qdq_insertion_time_seconds": round(insertion_seconds, 3),
-        "tensor_overrides": sorted(overrides),
-        "float_nodes": exclude,
-        # activations with infinite values (additive masks): no range, left in float
-        "kept_float_nonfinite": nonfinite,
-        # activations holding sentinels (float32-min attention masks): range clamped
-        "clamped_sentinels": sentinels,
-        # what the EP's quantization rules changed (shared encodings, widened ranges, ...)
-        **ep_metrics,
-    }
-    if isinstance(feeds, UpstreamFeeds):
-        metrics["upstream_forwards"] = {"computed": feeds.computed, "reused": feeds.reused}
-    if cfg.auto is not None:
-        from winml_recipes.quant.auto import promote
+    if set(algorithms) & set(WEIGHT_TUNING):
+        from winml_recipes.quant.algorithms.run import tune_weights
 
-        own = {k: cfg.auto[k] for k in HELD_OUT_KEYS if cfg.auto.get(k)}
-        held_out = feeds_for(
-            own or cal_options,
-            ctx.contract,
-            ctx.recipe_dir,
-            ctx.upstream,
-            cfg.auto["samples"],
-            seed + HELD_OUT_SEED_OFFSET,
-            ctx.store,
-            for_calibration=True,
-            # its own data: as told; the calibration files: the samples after calibration's
-            skip=cfg.auto.get("skip", 0) if own else cal.samples,
-            held_out=True,
-        )
-        metrics["mixed_precision_auto"] = promote(
-            src,
-            out,
-            cfg,
-            ranges_path,
-            overrides,
-            exclude,
-            held_out,
-            ctx,
-            ep_metrics.get("shared_encodings"),
-        ) | {
-            "held_out_data": _held_out_name(
-                own, cal_options, seed + HELD_OUT_SEED_OFFSET, ctx.contract
-            )
-        }
-    report = quantization_report(model, load_model(out))
-    return StepResult(out, _base_metrics(cfg) | report | metrics)
+        tuned, record["weights"] = tune_weights(
+            src, out, algorithms, counted.factory, cal.samples, work_dir / "tuning",
+            ctx.progress, TUNING_BUDGET_SECONDS,
+        )  # fmt: skip
+        if tuned is not None:
+            src = tuned
+            started = time.perf_counter()
+            quantize_static_qdq(src, out, cfg, ranges_path, overrides, exclude, rules)
+            insertion_seconds += time.perf_counter() - started
+    return _Quantized(
+        src, ranges_path, overrides, exclude, nonfinite, sentinels, ep_metrics,
+        calibration_seconds, insertion_seconds, record,
+    )  # fmt: skip
+
+
+# SeqMSE and bias correction stop tuning layers after this (the rest keep min/max).
+TUNING_BUDGET_SECONDS = 900.0
 
 
 class _Counted:

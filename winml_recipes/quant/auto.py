@@ -91,8 +91,11 @@ def promote(
     held_out,
     ctx: StepContext,
     shared: list[list[str]] | None = None,
+    reference_src: Path | None = None,
 ) -> dict[str, Any]:
-    """Improve `out` in place; returns the record of what was promoted and why."""
+    """Improve `out` in place; returns the record of what was promoted and why.
+    `reference_src`: the float model scores are against, when `src` is a rewritten or
+    tuned one (quantize's algorithms)."""
     from winml_recipes.feeds import take
     from winml_recipes.onnx.io import load_model
     from winml_recipes.quant.mixed import quantization_damage, weight_readers
@@ -107,7 +110,7 @@ def promote(
     eval_feeds = take(held_out, int(cfg.auto["samples"]))
     seconds = _Seconds()
     with seconds("reference"):
-        reference = run_model(src, eval_feeds)
+        reference = run_model(reference_src or src, eval_feeds)
     device, ep = ctx.target.device, cfg.ep
     rules = quant_rules(cfg)
     floats = _float_nodes_possible(ep)

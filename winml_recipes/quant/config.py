@@ -19,6 +19,7 @@ QuantType = Literal["uint8", "int8", "uint16", "int16"]
 QUANT_TYPES = list(get_args(QuantType))
 CalibrationMethod = Literal["minmax", "entropy", "percentile", "distribution"]
 CALIBRATION_METHODS = list(get_args(CalibrationMethod))
+Algorithm = Literal["cle", "smoothquant", "seqmse", "bias_correction"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,21 @@ class MixedAuto:
 
 
 @dataclass(frozen=True)
+class AlgorithmsAuto:
+    """`algorithms: auto`: candidate combinations scored on held-out data on the target."""
+
+    budget_seconds: float = option(600.0, "Stop trying candidates after this.", minimum=1)
+    samples: int = option(4, "Held-out samples each candidate is scored on.", minimum=1,
+                          maximum=64)  # fmt: skip
+    npz: str | None = option(
+        None, "Held-out scoring data (.npz glob). Default: the calibration files' samples "
+        "after the calibration ones (build --onnx: its --eval-data)."
+    )  # fmt: skip
+    images: str | None = option(None, "Held-out scoring data: an image folder.")
+    dataset: str | None = option(None, "Held-out scoring data: a saved `datasets` split.")
+
+
+@dataclass(frozen=True)
 class QuantizeOptions:
     """The quantize step's options; unset ones come from the precision and device presets."""
 
@@ -119,6 +135,18 @@ class QuantizeOptions:
         "shared encodings, op constraints). Default: true for static QDQ when the EP has rules.",
     )
     calibration: CalibrationConfig | None = None
+    algorithms: (
+        Annotated[tuple[Algorithm, ...], Schema(minItems=1, uniqueItems=True)]
+        | Literal["auto"]
+        | AlgorithmsAuto
+        | None
+    ) = option(
+        None,
+        "Post-training algorithms beyond min/max ranges, any of cle (cross-layer "
+        "equalization), smoothquant, seqmse (weight ranges by layer output error), "
+        "bias_correction; or auto (or {budget_seconds, samples}) to keep the combination "
+        "that scores best on held-out data on the target.",
+    )
     mixed_precision: Annotated[tuple[MixedRegion, ...], Schema(minItems=1)] | MixedAuto | None = (
         option(
             None,
@@ -148,6 +176,8 @@ class QuantConfig:
     calibration: CalibrationConfig | None = field(default_factory=CalibrationConfig)
     regions: tuple[dict[str, Any], ...] = ()
     auto: dict[str, Any] | None = None
+    algorithms: tuple[str, ...] = ()  # applied as given
+    algorithms_auto: dict[str, Any] | None = None  # `auto`: chosen by score
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -255,11 +285,29 @@ def resolve(options: QuantizeOptions, target: Target) -> QuantConfig:
         calibration=cal,
         regions=regions,
         auto=auto,
+        **_algorithms(o, mode),
     )
     problem = rules.check(cfg) if ep_rules and rules is not None else None
     if problem is not None:
         raise PlanError(f"quantize: {problem}; change it or set ep_rules: false")
     return cfg
+
+
+def _algorithms(options: QuantizeOptions, mode: str) -> dict[str, Any]:
+    chosen = options.algorithms
+    if chosen is None:
+        return {}
+    if mode != "static":
+        raise PlanError(
+            "quantize: algorithms need calibration data (mode: static); remove algorithms "
+            "or use mode: static"
+        )
+    if chosen == "auto":
+        return {"algorithms_auto": asdict(AlgorithmsAuto())}
+    if isinstance(chosen, AlgorithmsAuto):
+        return {"algorithms_auto": asdict(chosen)}
+    order = ("cle", "smoothquant", "seqmse", "bias_correction")  # the order they run in
+    return {"algorithms": tuple(a for a in order if a in chosen)}
 
 
 def target_ep(target: Target) -> ExecutionProvider:
