@@ -531,6 +531,16 @@ def _upgrade_opset(model, cfg: QuantConfig):
         for value in [v for v in converted.graph.value_info if not v.type.HasField("tensor_type")
                       or not v.type.tensor_type.HasField("shape")]:  # fmt: skip
             converted.graph.value_info.remove(value)
+        # Outputs of other domains' ops (HTP's com.microsoft Gelu, written by prepare) keep
+        # the types the source declares: shape inference cannot type them, and without a
+        # type nothing after them would be calibrated (onnxruntime's quantizer then loops
+        # for ever on tensors that share an unquantized input's parameters).
+        foreign = {o for n in converted.graph.node if n.domain not in ("", "ai.onnx")
+                   for o in n.output}  # fmt: skip
+        typed = {v.name for v in converted.graph.value_info}
+        converted.graph.value_info.extend(
+            v for v in model.graph.value_info if v.name in foreign and v.name not in typed
+        )
         problem = _checker_error(converted)
         if problem is not None and problem != _checker_error(light_view(model)):
             raise ValueError(problem)

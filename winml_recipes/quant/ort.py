@@ -81,7 +81,7 @@ def quantize_static_qdq(
             "nodes_to_exclude": exclude or None,
             "extra_options": extra,
         }
-    with quiet_ort_logging():
+    with quiet_ort_logging(), _no_endless_sharing():
         quantize_static(
             str(src),
             str(out),
@@ -95,6 +95,47 @@ def quantize_static_qdq(
     restore_float_inputs(out, exclude)
     if rules is not None:
         rules.after_quantize(out)
+
+
+@contextlib.contextmanager
+def _no_endless_sharing() -> Iterator[None]:
+    """onnxruntime's QDQ quantizer (1.31) loops for ever in `_quantize_sharing_param_tensors`
+    when a tensor shares its quantization parameters with one that is never quantized (e.g.
+    a tensor no range was calibrated for, after an op shape inference cannot type). No
+    option of the library stops it, so the loop is checked first, the way it runs: a
+    one-line error naming the tensors instead of a hang."""
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+
+    from winml_recipes.sdk.errors import PassError
+
+    original = QDQQuantizer._quantize_sharing_param_tensors
+
+    def checked(self: Any) -> None:
+        resolved = set(self.quantized_value_map)
+        pending = {
+            name: info.quant_para_provider.input_name if info.quant_para_provider else None
+            for name, info in self.tensors_to_quantize.items()
+        }
+        while pending:
+            ready = [n for n, provider in pending.items() if provider in resolved]
+            if not ready:
+                stuck = ", ".join(f"{n} (shares {p})" for n, p in list(pending.items())[:3])
+                raise PassError(
+                    f"onnxruntime's quantizer would never finish: {len(pending)} tensor(s) "
+                    f"share the parameters of tensors that are not quantized: {stuck}; give "
+                    "those tensors a calibration range (is their type known to shape "
+                    "inference?) or keep their nodes in float with quantize: {exclude: [...]}"
+                )
+            for name in ready:
+                resolved.add(name)
+                del pending[name]
+        original(self)
+
+    QDQQuantizer._quantize_sharing_param_tensors = checked
+    try:
+        yield
+    finally:
+        QDQQuantizer._quantize_sharing_param_tensors = original
 
 
 def typed_overrides(overrides: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
