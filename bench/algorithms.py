@@ -109,16 +109,16 @@ def render(rows: list[dict], variants: list[str]) -> None:
         print(f"| {name} | {metric} | " + " | ".join(out) + " |")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(FAST))
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--cell", nargs=2, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.cell:
         print(json.dumps(cell(*args.cell)), flush=True)
-        return
+        return 0
     variants = args.variants.split(",")
     rows = []
     for name in args.models.split(","):
@@ -128,7 +128,8 @@ def main() -> None:
             if args.json:
                 args.json.write_text(json.dumps(rows, indent=1))
     render(rows, variants)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
