@@ -59,11 +59,7 @@ def cell(name: str, variant: str) -> dict:
                     eval_data=str(p.heldout), output_root=work / "out", use_cache=False,
                 )  # fmt: skip
                 built = result.models["model"]
-                quantize = next(s for s in result.manifest["components"]["model"]["steps"]
-                                if s["pass"] == "quantize")  # fmt: skip
-                algos = quantize.get("metrics", {}).get("algorithms")
-                if algos:
-                    row["kept"] = algos.get("kept", algos.get("applied"))
+                row |= _kept(result.manifest)
             except Exception as exc:
                 message = str(exc).splitlines()[0][:200]
                 kept = sorted((work / "out").glob(f"*/npu-{precision}.failed/*/model.onnx"))
@@ -71,8 +67,19 @@ def cell(name: str, variant: str) -> dict:
                     return row | {"error": message}
                 built = kept[0]
                 row["gate"] = message
+                evidence = built.parents[1] / "manifest.json"  # the withheld build's
+                if evidence.is_file():
+                    row |= _kept(json.loads(evidence.read_text()))
         row["seconds"] = round(time.perf_counter() - started, 1)
         return row | measure(p, built)
+
+
+def _kept(manifest: dict) -> dict:
+    """{"kept": the algorithms the quantize step kept or applied}, or {} without any."""
+    steps = manifest.get("components", {}).get("model", {}).get("steps", [])
+    quantize = next((s for s in steps if s.get("pass") == "quantize"), {})
+    algos = (quantize.get("metrics") or {}).get("algorithms")
+    return {"kept": algos.get("kept", algos.get("applied"))} if algos else {}
 
 
 def run_cell(name: str, variant: str) -> dict:
@@ -109,16 +116,16 @@ def render(rows: list[dict], variants: list[str]) -> None:
         print(f"| {name} | {metric} | " + " | ".join(out) + " |")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(FAST))
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--cell", nargs=2, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.cell:
         print(json.dumps(cell(*args.cell)), flush=True)
-        return
+        return 0
     variants = args.variants.split(",")
     rows = []
     for name in args.models.split(","):
@@ -128,7 +135,8 @@ def main() -> None:
             if args.json:
                 args.json.write_text(json.dumps(rows, indent=1))
     render(rows, variants)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -18,6 +18,9 @@
   plain script, whole processes; the CPU-time ratio must stay at or below 1.05.
 - sam3-mid (bench/mid.py): wall time and peak RSS per step of the npu/w8a16 build at the
   full-size shapes, against one fp32 forward pass of its encoder.
+- quantize algorithms (bench/algorithms.py): mtcnn-pnet at npu/uint8 with plain ranges,
+  `algorithms: auto` and onnxruntime's QNN recipe, box F1 on QNN HTP (a few minutes; the
+  other corpus rows: `python bench/algorithms.py --models ... --variants ...`).
 - third-party quantizers (bench/thirdparty.py, with WINML_BENCH_THIRDPARTY=1, ~10 min):
   ours against onnxruntime's get_qnn_qdq_config a16w8 and quantize_static u8 on a BERT,
   a CNN, a text recognizer and a ResNet, task metric on the CPU EP and QNN HTP.
@@ -120,6 +123,10 @@ def main() -> int:
     import mid
 
     mid.main()
+    print()
+    import algorithms
+
+    algorithms.main(["--models", "mtcnn-pnet", "--variants", "none,auto,ort"])
     if os.environ.get("WINML_BENCH_THIRDPARTY") == "1":
         print()
         import thirdparty

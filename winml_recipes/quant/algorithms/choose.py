@@ -1,7 +1,9 @@
 """`algorithms: auto`: quantize with each candidate combination, score each on held-out
-samples on the target's EP (output SQNR against the float model; the CPU simulation where
-the EP is absent), keep the best, within a time budget. The record says what was tried,
-what each scored and took, and why the kept one was kept."""
+samples on the target's EP (the CPU simulation where the EP is absent) against the float
+model: by the catalog task's metric where one applies (what verify gates on), else by the
+lowest output SQNR; keep the best, the one with fewer algorithms on a tie, within a time
+budget. The record says what was tried, what each scored and took, and why the kept one
+was kept."""
 
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ import onnx
 
 from winml_recipes.sdk.errors import ExecutionProviderError, PassError
 
-# A candidate replaces the plain one only when it is better by this much (dB): the
-# algorithms change the model, and a tie is no reason to.
+# A candidate beats one with fewer algorithms only when it is better by this much: the
+# algorithms change the model, and a tie is no reason to. Output SQNR in dB; task metric
+# values (agreements, IoUs, cosines: fractions) absolute.
 MIN_GAIN_DB = 0.1
+MIN_GAIN_TASK = 1e-3
 
 
 def candidates(model: onnx.ModelProto) -> tuple[list[tuple[str, ...]], dict[str, bool]]:
@@ -60,8 +64,9 @@ def choose(
 ) -> tuple[Any, dict[str, Any]]:
     """The best candidate quantized at `out` (its attempt's result) and the record."""
     from winml_recipes.feeds import take
-    from winml_recipes.quant.auto import _score, scored_on
+    from winml_recipes.quant.auto import scored_on
     from winml_recipes.runtime.sessions import run_model
+    from winml_recipes.sdk.metrics import metric_for
 
     assert cfg.algorithms_auto is not None
     budget = float(cfg.algorithms_auto["budget_seconds"])
@@ -69,8 +74,9 @@ def choose(
     combos, has = candidates(graph)
     feeds = take(held_out, int(cfg.algorithms_auto["samples"]))
     reference = run_model(float_src, feeds)
+    metric = metric_for(ctx.task, ctx.contract)
     tried: list[dict[str, Any]] = []
-    best: tuple[float, Any, Path, tuple[str, ...]] | None = None
+    scored: list[tuple[tuple[float, ...], Any, Path, tuple[str, ...]]] = []
     for i, combo in enumerate(combos):
         if i and time.perf_counter() - started > budget:
             tried.append({"algorithms": list(combo), "skipped": "time budget spent"})
@@ -82,37 +88,101 @@ def choose(
         entry: dict[str, Any] = {"algorithms": list(combo)}
         try:
             done = attempt(combo, dest, work)
-            scores = _score(dest, feeds, reference, ctx.target.device, cfg.ep)
+            outputs = _run(dest, feeds, ctx.target.device, cfg.ep)
         except (ExecutionProviderError, PassError) as exc:
             if not combo:
                 raise
             tried.append(entry | {"error": exc.message[:200]})
             continue
-        worst = min(scores.values())
-        entry |= {"output_sqnr_db": scores, "seconds": round(time.perf_counter() - t0, 1)}
+        entry["output_sqnr_db"] = _sqnr(reference, outputs)
+        if metric is not None:
+            entry["task_metric"] = metric.values(reference, outputs)
+        entry["seconds"] = round(time.perf_counter() - t0, 1)
         tried.append(entry)
-        if best is None or worst > best[0] + MIN_GAIN_DB:
-            best = (worst, done, dest, combo)
-    assert best is not None
-    worst, done, dest, combo = best
+        scored.append((_key(entry, metric), done, dest, combo))
+    by = _ranking(metric)
+    worst_key, done, dest, combo = _best(scored, MIN_GAIN_TASK if metric else MIN_GAIN_DB)
     shutil.copyfile(dest, out)
     for sidecar in dest.parent.glob(dest.name + "*data"):
         shutil.copyfile(sidecar, out.parent / sidecar.name)
+    plain = next(key for key, *_, c in scored if not c)
     record = {
         "mode": "auto",
         "scored_on": scored_on(cfg.ep),
-        "score": "lowest output SQNR (dB) against the float model on held-out samples",
+        "score": by,
         "applies_to": {k: v for k, v in has.items()},
         "tried": tried,
         "kept": list(combo),
-        "why": (
-            "the plain min/max ranges scored best"
-            if not combo
-            else f"best lowest output SQNR ({worst:.2f} dB), ahead of plain min/max by more "
-            f"than {MIN_GAIN_DB} dB"
-        ),
+        "why": _why(combo, worst_key, plain, by, metric),
         "budget_seconds": budget,
         "seconds": round(time.perf_counter() - started, 1),
         **done.algorithms,
     }
     return done, record
+
+
+def _run(candidate: Path, feeds: list[dict], device: str, ep: str) -> list[dict]:
+    """`candidate`'s outputs on the target's EP (the CPU simulation where it is absent)."""
+    from winml_recipes.runtime.target import run_on_target
+
+    return run_on_target(candidate, feeds, device, {"allow_cpu_fallback": True}, ep=ep).outputs
+
+
+def _sqnr(reference: list[dict], outputs: list[dict]) -> dict[str, float]:
+    from winml_recipes.onnx.metrics import compare_runs
+
+    return {n: round(m["sqnr_db"], 3) for n, m in compare_runs(reference, outputs).items()}
+
+
+def _gated(metric) -> list[str]:
+    """The task metric's values auto ranks by: those verify gates on by default."""
+    return list(metric.gates) or [k for k in metric.lower_is_better]
+
+
+def _ranking(metric) -> str:
+    if metric is None:
+        return "lowest output SQNR (dB) against the float model on held-out samples"
+    return (
+        f"task metric {metric.name} ({', '.join(_gated(metric))}) against the float model on "
+        "held-out samples"
+    )
+
+
+def _key(entry: dict[str, Any], metric) -> tuple[float, ...]:
+    """Higher is better, compared in order: the task metric's gated values, else the
+    lowest output SQNR."""
+    if metric is None:
+        return (min(entry["output_sqnr_db"].values()),)
+    values = entry["task_metric"]
+    return tuple(-values[k] if k in metric.lower_is_better else values[k] for k in _gated(metric))
+
+
+def _better(a: tuple[float, ...], b: tuple[float, ...], gain: float) -> bool:
+    """`a` beats `b`: better by more than `gain` on the first value where they differ."""
+    for x, y in zip(a, b, strict=True):
+        if abs(x - y) > gain:
+            return x > y
+    return False
+
+
+def _best(scored: list, gain: float):
+    """The best scored candidate; on a tie (within `gain`) the one with fewer algorithms."""
+    ranked = sorted(scored, key=lambda s: len(s[3]))  # stable: the trying order on equal counts
+    best = ranked[0]
+    for s in ranked[1:]:
+        if _better(s[0], best[0], gain):
+            best = s
+    return best
+
+
+def _why(combo, key, plain, by: str, metric) -> str:
+    if not combo:
+        return f"nothing beat the plain min/max ranges by {by}"
+    values = ", ".join(f"{v:.4g}" for v in key)
+    plain_values = ", ".join(f"{v:.4g}" for v in plain)
+    unit = "" if metric else " dB"
+    gain = f"{MIN_GAIN_TASK:g}" if metric else f"{MIN_GAIN_DB:g} dB"
+    return (
+        f"best by {by}: {values}{unit} against plain min/max's {plain_values}{unit}; "
+        f"candidates with fewer algorithms were not within {gain} of it"
+    )
