@@ -24,8 +24,16 @@ EMULATED_HTP = "emulated HTP (x86_64), not device latency"
 OP_AFFINITY = "op_affinity"  # provider option (onnxruntime-qnn 2.7): a JSON file path
 
 
+# The largest tensor (elements) HTP is known to prepare in bounded memory: the 1008 px SAM 3
+# global-attention block's scores, 16 x 5184 x 5184, prepared in 0.9 GB (docs/sam3-htp-memory.md).
+# Attention scores above it are computed in query chunks (rules/attention.py).
+MAX_TENSOR_ELEMENTS = 16 * 5184 * 5184
+
+
 @dataclass(frozen=True)
 class QnnHtp(ExecutionProvider):
+    max_tensor_elements: int | None = MAX_TENSOR_ELEMENTS
+
     def versions(self) -> dict[str, str]:
         out = super().versions()
         with contextlib.suppress(ImportError):
@@ -60,7 +68,9 @@ class QnnHtp(ExecutionProvider):
         return GraphRules(
             name="qnn-htp",
             rules=RULES,
-            rewrite=lambda model, log: rewrite(model, float_rewrites(), log),
+            rewrite=lambda model, log: rewrite(
+                model, float_rewrites(self.max_tensor_elements), log
+            ),
         )
 
 

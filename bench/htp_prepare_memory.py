@@ -1,0 +1,228 @@
+"""QNN HTP graph preparation of ONE SAM 3 global-attention ViT block: peak memory and time
+against the image side (the cause of the 1008 px encoder's > 24 GB, measured not assumed).
+
+Per side S (tokens = (S/14)^2): the block (transformers' `Sam3ViTLayer`, the full-size
+widths: hidden 1024, 16 heads, MLP 4736; seeded random weights, window 0 = global
+attention) is exported with `torch.onnx.export(dynamo=True)` at input [1, S/14, S/14, 1024]
+and built by this tool for npu/w8a16 (normalize, fix_shapes, prepare without the EP stage,
+quantize on 1 seeded sample). Then, in a fresh process under a memory cap, a QNN HTP
+session is created on the QDQ model with CPU fallback off (what `verify`/`compile` do):
+its wall time and the process's peak RSS are what the table shows, beside the largest
+activation of the graph. `--chunk ELEMENTS` first applies the QNN plugin's query-chunked
+attention rewrite with that bound (score tensor elements per chunk) to the float block.
+
+    nice python bench/htp_prepare_memory.py --sides 336 504 672 --cap-gb 16 [--chunk N]
+
+A side whose preparation crosses the cap is stopped and reported as such (the cap is a
+watchdog on the process's RSS, plus RLIMIT_AS where the OS has it, so the machine is never
+pushed into swap or the OOM killer). One measurement at a time: they are memory-bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PATCH = 14
+HIDDEN, HEADS, MLP = 1024, 16, 4736
+PARTS = ("global", "window", "encoder2")
+
+_EXPORT = """
+import sys, torch
+from transformers.models.sam3.configuration_sam3 import Sam3ViTConfig
+from transformers.models.sam3.modeling_sam3 import Sam3ViTLayer
+side, part, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+torch.manual_seed(0)
+if part == "encoder2":  # sam3-mid's vision encoder (2 ViT layers, neck), as the tool exports it
+    from transformers import Sam3TrackerConfig, Sam3TrackerModel
+    cfg = Sam3TrackerConfig(vision_config={{"model_type": "sam3_vision_model",
+        "backbone_config": {{"model_type": "sam3_vit_model", "num_hidden_layers": 2,
+                            "global_attn_indexes": [1], "image_size": side}},
+        "backbone_feature_sizes": [[4 * side // 14, 4 * side // 14],
+                                   [2 * side // 14, 2 * side // 14], [side // 14, side // 14]]}})
+    inner = Sam3TrackerModel(cfg).eval()
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+        def forward(self, pixel_values):
+            return tuple(self.inner.get_image_embeddings(pixel_values))
+    module, x, names = Encoder(), torch.rand(1, 3, side, side) * 2 - 1, ["pixel_values"]
+else:
+    cfg = Sam3ViTConfig(image_size=side, hidden_size={hidden}, num_attention_heads={heads},
+                        intermediate_size={mlp})
+    cfg._attn_implementation = "sdpa"  # what Sam3TrackerModel uses by default
+    module = Sam3ViTLayer(cfg, window_size=0 if part == "global" else cfg.window_size).eval()
+    g = side // {patch}
+    x, names = torch.randn(1, g, g, {hidden}), ["hidden_states"]
+with torch.no_grad():
+    torch.onnx.export(module, (x,), out, dynamo=True, input_names=names, optimize=True)
+"""
+
+# Runs in the measured process: one HTP session, fallback off; prints seconds and peak.
+_PREPARE = """
+import json, sys, time
+from winml_recipes.runtime.memory import peak_rss_mb
+from winml_recipes.runtime.sessions import open_session
+started = time.perf_counter()
+error = None
+try:
+    open_session(sys.argv[1], "qnn-htp", fallback=False)
+except Exception as exc:
+    error = " ".join(str(exc).split())[:300]
+print(json.dumps({"seconds": round(time.perf_counter() - started, 1),
+                  "peak_rss_mb": peak_rss_mb(), "error": error}))
+"""
+
+
+def _python(code: str, *args: str, cap_mb: float | None = None) -> dict:
+    """Run `code` in a fresh interpreter (under `cap_mb` of RSS when given); its JSON line,
+    or {"stopped": ...} when the watchdog killed it, with the peak RSS it reached."""
+    import psutil
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-c", code, *args]
+    limit = None
+    if cap_mb is not None and sys.platform != "win32":
+        # a backstop beside the watchdog: address space, generous (libraries map a lot)
+        limit = int((cap_mb + 8192) * 1024 * 1024)
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=(lambda: _set_as_limit(limit)) if limit else None,
+    )
+    watched = psutil.Process(proc.pid)
+    peak, stopped = 0.0, None
+    started = time.perf_counter()
+    while proc.poll() is None:
+        try:
+            rss = watched.memory_info().rss / 2**20
+        except psutil.NoSuchProcess:
+            break
+        peak = max(peak, rss)
+        if cap_mb is not None and rss > cap_mb:
+            proc.kill()
+            stopped = f"stopped at {rss / 1024:.1f} GB RSS (cap {cap_mb / 1024:.0f} GB)"
+            break
+        time.sleep(0.2)
+    out, err = proc.communicate()
+    if stopped:
+        return {"stopped": stopped, "seconds": round(time.perf_counter() - started, 1),
+                "peak_rss_mb": round(peak)}  # fmt: skip
+    if proc.returncode != 0:
+        tail = " ".join(err.split())[-400:]
+        return {"error": f"exit {proc.returncode}: {tail}", "peak_rss_mb": round(peak),
+                "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+    line = [s for s in out.splitlines() if s.startswith("{")][-1]
+    return json.loads(line)
+
+
+def _set_as_limit(limit: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _export(side: int, part: str, out: Path) -> None:
+    code = _EXPORT.format(hidden=HIDDEN, heads=HEADS, mlp=MLP, patch=PATCH)
+    done = subprocess.run([sys.executable, "-c", code, str(side), part, str(out)], cwd=REPO,
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"export at {side} px failed: {done.stderr[-800:]}")
+
+
+def _chunk(src: Path, out: Path, bound: int) -> dict:
+    """The QNN plugin's query-chunked attention rewrite at `bound`, on the float block."""
+    import onnx_ir as ir
+
+    from winml_recipes.eps.qnn.rules.attention import ChunkedAttentionPass
+    from winml_recipes.graph.log import RewriteLog
+
+    model = ir.load(src)
+    log = RewriteLog()
+    ChunkedAttentionPass(log, bound)(model)
+    ir.save(model, out)
+    return log.to_metrics()
+
+
+def _quantize(src: Path, work: Path) -> Path:
+    """npu/w8a16 QDQ of `src` by this tool (the prepare stages before the EP's; 1 sample)."""
+    import yaml
+
+    from winml_recipes import api
+    from winml_recipes.authoring import write_adhoc_project
+
+    recipe, _ = write_adhoc_project(src, work / "project", "npu", "w8a16", {})
+    body = yaml.safe_load(recipe.read_text())
+    body["steps"] = [
+        "normalize",
+        "fix_shapes",
+        {"prepare": {"stages": ["fold", "gathernd", "recurrent"], "check_samples": 0}},
+        {"quantize": {"calibration": {"samples": 1}}},
+    ]
+    recipe.write_text(yaml.safe_dump(body, sort_keys=False))
+    result = api.build(recipe, device="npu", precision="w8a16", output_root=work / "out",
+                       catalog_dir=work / "project" / "catalog",
+                       cache_dir=work / "cache")  # fmt: skip
+    return Path(result.models["model"])
+
+
+def _largest(path: Path) -> dict:
+    from winml_recipes.onnx.footprint import largest_activation
+
+    name, elements = largest_activation(path)
+    return {"largest_tensor": name, "largest_elements": elements}
+
+
+def measure(side: int, part: str, work: Path, cap_mb: float, chunk: int | None) -> dict:
+    tag = f"{part}_{side}" + (f"-chunk{chunk}" if chunk else "")
+    folder = work / tag
+    folder.mkdir(parents=True, exist_ok=True)
+    float_model = work / f"{part}_{side}.onnx"
+    if not float_model.is_file():
+        _export(side, part, float_model)
+    row: dict = {"part": part, "side": side, "tokens": (side // PATCH) ** 2,
+                 "chunk_bound": chunk}  # fmt: skip
+    src = float_model
+    if chunk:
+        src = folder / "chunked.onnx"
+        row["rewrites"] = _chunk(float_model, src, chunk)
+    qdq = _quantize(src, folder)
+    row.update(_largest(qdq))
+    row["prepare"] = _python(_PREPARE, str(qdq), cap_mb=cap_mb)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sides", type=int, nargs="+", default=[336, 504, 672])
+    parser.add_argument(
+        "--part",
+        choices=PARTS,
+        default="global",
+        help="global / window: one ViT block; encoder2: sam3-mid's encoder",
+    )
+    parser.add_argument("--cap-gb", type=float, default=16.0)
+    parser.add_argument("--chunk", type=int, default=None, help="score elements per chunk")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/winml-bench-htp-prepare"))
+    args = parser.parse_args(argv)
+    rows = []
+    for side in args.sides:
+        row = measure(side, args.part, args.work, args.cap_gb * 1024, args.chunk)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
