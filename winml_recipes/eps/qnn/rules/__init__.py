@@ -161,6 +161,10 @@ def float_rewrites(max_tensor_elements: int | None = None) -> list[Step]:
     from winml_recipes.eps.qnn.rules import rules as r
     from winml_recipes.eps.qnn.rules.attention import ChunkedAttentionPass
 
+    def chunk(model: ir.Model, log: RewriteLog) -> object:
+        assert max_tensor_elements is not None
+        return ChunkedAttentionPass(log, max_tensor_elements)(model)
+
     def one(cls, *ops):
         return lambda log: [cls.rule(log, op) for op in ops or (None,)]
 
@@ -192,16 +196,8 @@ def float_rewrites(max_tensor_elements: int | None = None) -> list[Step]:
         # (no dead-code pass after: the bypassed zero constants stay initializers, as the
         # protobuf rewrite left them; quantize drops what no node reads)
         Step(RULE_IDENTITY, _library_pass(_IdentityElimination())),
-        *(
-            [
-                Step(
-                    ChunkedAttentionPass.rule_name,
-                    lambda m, log: ChunkedAttentionPass(log, max_tensor_elements)(m),
-                )
-            ]
-            if max_tensor_elements
-            else []
-        ),  # fmt: skip
+        # last: the rules above see the graph as exported; the chunks are new nodes
+        *([Step(ChunkedAttentionPass.rule_name, chunk)] if max_tensor_elements else []),
     ]
 
 
