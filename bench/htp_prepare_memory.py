@@ -29,41 +29,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PATCH = 14
-HIDDEN, HEADS, MLP = 1024, 16, 4736
-PARTS = ("global", "window", "encoder2")
-
-_EXPORT = """
-import sys, torch
-from transformers.models.sam3.configuration_sam3 import Sam3ViTConfig
-from transformers.models.sam3.modeling_sam3 import Sam3ViTLayer
-side, part, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-torch.manual_seed(0)
-if part == "encoder2":  # sam3-mid's vision encoder (2 ViT layers, neck), as the tool exports it
-    from transformers import Sam3TrackerConfig, Sam3TrackerModel
-    cfg = Sam3TrackerConfig(vision_config={{"model_type": "sam3_vision_model",
-        "backbone_config": {{"model_type": "sam3_vit_model", "num_hidden_layers": 2,
-                            "global_attn_indexes": [1], "image_size": side}},
-        "backbone_feature_sizes": [[4 * side // 14, 4 * side // 14],
-                                   [2 * side // 14, 2 * side // 14], [side // 14, side // 14]]}})
-    inner = Sam3TrackerModel(cfg).eval()
-    class Encoder(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner = inner
-        def forward(self, pixel_values):
-            return tuple(self.inner.get_image_embeddings(pixel_values))
-    module, x, names = Encoder(), torch.rand(1, 3, side, side) * 2 - 1, ["pixel_values"]
-else:
-    cfg = Sam3ViTConfig(image_size=side, hidden_size={hidden}, num_attention_heads={heads},
-                        intermediate_size={mlp})
-    cfg._attn_implementation = "sdpa"  # what Sam3TrackerModel uses by default
-    module = Sam3ViTLayer(cfg, window_size=0 if part == "global" else cfg.window_size).eval()
-    g = side // {patch}
-    x, names = torch.randn(1, g, g, {hidden}), ["hidden_states"]
-with torch.no_grad():
-    torch.onnx.export(module, (x,), out, dynamo=True, input_names=names, optimize=True)
-"""
+sys.path.insert(0, str(REPO))
+from tests.sam3_blocks import PARTS, PATCH, export_block  # noqa: E402
 
 # Runs in the measured process: one HTP session, fallback off; prints seconds and peak.
 _PREPARE = """
@@ -133,14 +100,6 @@ def _set_as_limit(limit: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def _export(side: int, part: str, out: Path) -> None:
-    code = _EXPORT.format(hidden=HIDDEN, heads=HEADS, mlp=MLP, patch=PATCH)
-    done = subprocess.run([sys.executable, "-c", code, str(side), part, str(out)], cwd=REPO,
-                          capture_output=True, text=True)  # fmt: skip
-    if done.returncode != 0:
-        raise SystemExit(f"export at {side} px failed: {done.stderr[-800:]}")
-
-
 def _chunk(src: Path, out: Path, bound: int) -> dict:
     """The QNN plugin's query-chunked attention rewrite at `bound`, on the float block."""
     import onnx_ir as ir
@@ -190,7 +149,7 @@ def measure(side: int, part: str, work: Path, cap_mb: float, chunk: int | None) 
     folder.mkdir(parents=True, exist_ok=True)
     float_model = work / f"{part}_{side}.onnx"
     if not float_model.is_file():
-        _export(side, part, float_model)
+        export_block(side, part, float_model)
     row: dict = {"part": part, "side": side, "tokens": (side // PATCH) ** 2,
                  "chunk_bound": chunk}  # fmt: skip
     src = float_model

@@ -103,6 +103,8 @@ def test_chunked_attention_is_exact_in_float(
     sizes = {v.name: np.prod([d.dim_value for d in v.type.tensor_type.shape.dim]) for v in inferred}
     assert all(sizes[s.input[0]] <= bound for s in softmaxes)
     assert [o.name for o in done.model.graph.output] == ["out"]
+    names = [n.name for n in done.model.graph.node if n.name]
+    assert len(names) == len(set(names))  # onnxruntime refuses two nodes of one name
 
 
 def test_attention_within_the_bound_is_left_alone() -> None:

@@ -154,7 +154,7 @@ def _chunk(
     sizes: list[int],
 ) -> None:
     """Replace first -> chain -> softmax -> after by one branch per chunk of query rows."""
-    base = softmax.name or "attention"
+    base = softmax.name or softmax.outputs[0].name or "attention"
     rank = len(_dims(softmax.inputs[0]) or [])
     new: list[ir.Node] = []
     split_sizes = ir.Value(
@@ -180,8 +180,9 @@ def _chunk(
         return list(node.outputs)
 
     def step(node: ir.Node, inputs: list[ir.Value], k: int, rows: int) -> ir.Value:
+        out_name = node.outputs[0].name
         copy = ir.node(node.op_type, inputs, attributes=dict(node.attributes),
-                       domain=node.domain, name=f"{node.name or base}_chunk{k}")  # fmt: skip
+                       domain=node.domain, name=f"{node.name or out_name}_chunk{k}")  # fmt: skip
         out = copy.outputs[0]
         dims = _dims(node.outputs[0]) or []
         out.name = f"{node.outputs[0].name}_chunk{k}"
