@@ -110,18 +110,18 @@ def _chunk(src: Path, out: Path, bound: int) -> dict:
     model = ir.load(src)
     log = RewriteLog()
     ChunkedAttentionPass(log, bound)(model)
-    ir.save(model, out)
+    ir.save(model, out, external_data=f"{out.name}.data")
     return log.to_metrics()
 
 
-def _quantize(src: Path, work: Path) -> Path:
+def _quantize(src: Path, work: Path, shapes: dict | None = None) -> Path:
     """npu/w8a16 QDQ of `src` by this tool (the prepare stages before the EP's; 1 sample)."""
     import yaml
 
     from winml_recipes import api
     from winml_recipes.authoring import write_adhoc_project
 
-    recipe, _ = write_adhoc_project(src, work / "project", "npu", "w8a16", {})
+    recipe, _ = write_adhoc_project(src, work / "project", "npu", "w8a16", shapes or {})
     body = yaml.safe_load(recipe.read_text())
     body["steps"] = [
         "normalize",
@@ -136,11 +136,16 @@ def _quantize(src: Path, work: Path) -> Path:
     return Path(result.models["model"])
 
 
-def _largest(path: Path) -> dict:
-    from winml_recipes.onnx.footprint import largest_activation
+def _sizes(path: Path) -> dict:
+    """The QDQ graph's largest activation, all activations' elements and its node count."""
+    import onnx
+
+    from winml_recipes.onnx.footprint import activation_elements, largest_activation
 
     name, elements = largest_activation(path)
-    return {"largest_tensor": name, "largest_elements": elements}
+    nodes = len(onnx.load(path, load_external_data=False).graph.node)
+    return {"largest_tensor": name, "largest_elements": elements,
+            "activation_elements": activation_elements(path), "nodes": nodes}  # fmt: skip
 
 
 def measure(side: int, part: str, work: Path, cap_mb: float, chunk: int | None) -> dict:
@@ -156,8 +161,9 @@ def measure(side: int, part: str, work: Path, cap_mb: float, chunk: int | None) 
     if chunk:
         src = folder / "chunked.onnx"
         row["rewrites"] = _chunk(float_model, src, chunk)
-    qdq = _quantize(src, folder)
-    row.update(_largest(qdq))
+    shapes = {"pixel_values": (1, 3, side, side)} if part == "mid" else None
+    qdq = _quantize(src, folder, shapes)
+    row.update(_sizes(qdq))
     row["prepare"] = _python(_PREPARE, str(qdq), cap_mb=cap_mb)
     return row
 

@@ -1,6 +1,8 @@
 """SAM 3 vision pieces at the full widths, exported by torch's dynamo exporter with seeded
 random weights: one ViT block (global or windowed attention) or sam3-mid's vision encoder
-(2 ViT layers and the neck), at any image side (tokens = (side / 14)^2), with static shapes.
+(2 ViT layers and the neck), at any image side (tokens = (side / 14)^2), with static shapes;
+or ("mid") sam3-mid's vision encoder as this tool's exporter writes it (1008 px, batch
+dynamic: the build's fix_shapes makes it 1).
 
 Used by bench/htp_prepare_memory.py and tests/integration/test_chunked_attention_htp.py.
 """
@@ -14,7 +16,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PATCH = 14
 HIDDEN, HEADS, MLP = 1024, 16, 4736  # Sam3ViTConfig's defaults (the published model's)
-PARTS = ("global", "window", "encoder2")
+PARTS = ("global", "window", "encoder2", "mid")
 
 # In a child process: torch's peak stays out of the caller's.
 _EXPORT = """
@@ -49,12 +51,24 @@ with torch.no_grad():
     torch.onnx.export(module, (x,), out, dynamo=True, input_names=names, optimize=True)
 """
 
+_MID = """
+import sys, onnx
+from winml_recipes.catalog import load_entry
+from winml_recipes.exporters import ExportRequest, export_model
+out = sys.argv[3]
+config = load_entry("sam3-mid").components["vision_encoder"].source["config"]
+model = export_model(ExportRequest("sam3_tracker", "vision_encoder", config=dict(config)))
+onnx.save(model, out, save_as_external_data=True, location=out.rsplit("/", 1)[-1] + ".data")
+"""
+
 
 def export_block(side: int, part: str, out: Path) -> Path:
     """`part` ("global", "window" or "encoder2") at `side` px, written to `out`."""
     if part not in PARTS:
         raise ValueError(f"part {part!r}: one of {', '.join(PARTS)}")
     code = _EXPORT.format(hidden=HIDDEN, heads=HEADS, mlp=MLP, patch=PATCH)
+    if part == "mid":
+        code = _MID
     done = subprocess.run([sys.executable, "-c", code, str(side), part, str(out)], cwd=REPO,
                           capture_output=True, text=True)  # fmt: skip
     if done.returncode != 0:

@@ -70,7 +70,7 @@ def _chunk(src: Path, out: Path, bound: int) -> int:
     model = ir.load(src)
     log = RewriteLog()
     ChunkedAttentionPass(log, bound)(model)
-    ir.save(model, out)
+    ir.save(model, out, external_data=f"{out.name}.data")
     return log.count(RULE)
 
 

@@ -100,6 +100,18 @@ def _sizes(model: onnx.ModelProto, bytes_: bool = True) -> dict[str, int | None]
     return out
 
 
+def activation_elements(
+    path: Path, input_shapes: Mapping[str, Sequence[int]] | None = None
+) -> int:
+    """Elements of every sized activation of the graph, summed."""
+    from winml_recipes.onnx.io import load_model
+
+    model = load_model(Path(path), load_external_data=False)
+    initializers = {t.name for t in model.graph.initializer}
+    sized = _sizes(_with_input_shapes(model, input_shapes or {}), bytes_=False)
+    return sum(e or 0 for n, e in sized.items() if n not in initializers)
+
+
 def largest_activation(
     path: Path, input_shapes: Mapping[str, Sequence[int]] | None = None
 ) -> tuple[str, int]:

@@ -25,6 +25,8 @@ RULE = "chunk_attention_queries"
 _CHAIN_OPS = ("Mul", "Div", "Add", "Sub")
 # More chunks than this would mean one branch per few query rows: left as it is, logged.
 MAX_CHUNKS = 256
+# Query rows per chunk are a multiple of this where a chunk holds that many.
+ALIGN = 64
 
 
 def _dims(value: ir.Value | None) -> list[int] | None:
@@ -97,16 +99,24 @@ def _continues(value: ir.Value | None, shape: list[int]) -> bool:
     )
 
 
-def _sizes(rows: int, elements: int, bound: int) -> list[int] | str:
-    """Rows per chunk, as even as possible, each chunk's scores within `bound` elements."""
+def _sizes(rows: int, elements: int, bound: int, align: int = ALIGN) -> list[int] | str:
+    """Rows per chunk, each chunk's scores within `bound` elements: multiples of `align`
+    rows (the last takes the rest) where a chunk holds that many, else as even as possible."""
     per_row = elements // rows
     if per_row > bound:
         return f"one query row has {per_row} scores, over the bound of {bound}"
-    count = math.ceil(rows / max(1, bound // per_row))
+    fit = max(1, bound // per_row)
+    if fit >= align:
+        step = fit // align * align
+        count = math.ceil(rows / step)
+        sizes = [step] * (count - 1) + [rows - step * (count - 1)]
+    else:
+        count = math.ceil(rows / fit)
+        base, extra = divmod(rows, count)
+        sizes = [base + (1 if k < extra else 0) for k in range(count)]
     if count > MAX_CHUNKS:
         return f"{count} chunks would be needed (at most {MAX_CHUNKS})"
-    base, extra = divmod(rows, count)
-    return [base + (1 if k < extra else 0) for k in range(count)]
+    return sizes
 
 
 class ChunkedAttentionPass(ir.passes.InPlacePass):
