@@ -130,3 +130,13 @@ def test_qnn_plugin_bounds_its_graphs() -> None:
     model = _attention()
     done = prepare(model, ["ep"], ep_rules=QNN.graph_rules())
     assert RULE not in done.log.nodes  # 288 scores: far below any real bound
+
+
+def test_chunks_are_multiples_of_64_rows_where_they_hold_that_many() -> None:
+    """At 1008 px (16 heads x 5184 queries): 7 even chunks of 740-741 rows failed to
+    finalize on HTP (QNN_COMMON_ERROR_MEM_ALLOC); 6 x 768 + 576 prepared."""
+    from winml_recipes.eps.qnn.rules.attention import _sizes
+
+    assert _sizes(5184, 16 * 5184 * 5184, 1 << 26) == [768] * 6 + [576]
+    assert _sizes(10, 200, 80) == [4, 3, 3]  # fewer than 64 rows fit: as even as possible
+    assert "over the bound" in _sizes(10, 200, 10)
