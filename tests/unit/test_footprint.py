@@ -126,3 +126,25 @@ def test_htp_preparation_is_estimated_from_the_largest_tensor(tmp_path: Path) ->
     with pytest.raises(MemoryBudgetError, match="query chunks"):
         check_fits(bigger, 1024, "enc/verify")
     assert preparation_estimate(model, small, CPU) is None
+
+
+def test_npu_verify_and_compile_estimate_htp_preparation(tmp_path: Path) -> None:
+    """On the NPU's EP, verify (on the target) and compile include graph preparation; on the
+    CPU, and with verify off the target, they do not."""
+    from winml_recipes.passes.compile import CompileConfig, CompilePass
+    from winml_recipes.passes.verify import VerifyConfig, VerifyPass
+    from winml_recipes.sdk.contract import IOContract, TensorSpec
+    from winml_recipes.sdk.estimates import EstimateInputs
+    from winml_recipes.sdk.target import Target
+
+    model = _chain(tmp_path / "chain.onnx")
+    contract = IOContract((TensorSpec("x", "float32", ("n", 1000)),), (), {"n": 4})
+    npu = EstimateInputs(Target("npu", "w8a16"), contract)
+    cpu = EstimateInputs(Target("cpu", "int8"), contract)
+    on = VerifyPass().estimate_memory(model, VerifyConfig(), npu)
+    assert on is not None and "candidate session for qnn-htp" in on.made_of
+    off = VerifyPass().estimate_memory(model, VerifyConfig(on_target=False), npu)
+    assert off is not None and "qnn-htp" not in off.made_of and off.mb < on.mb
+    assert "qnn-htp" not in VerifyPass().estimate_memory(model, VerifyConfig(), cpu).made_of
+    compiled = CompilePass().estimate_memory(model, CompileConfig(), npu)
+    assert compiled is not None and compiled.made_of.startswith("compile for qnn-htp")
