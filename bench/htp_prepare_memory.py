@@ -161,7 +161,9 @@ def measure(side: int, part: str, work: Path, cap_mb: float, chunk: int | None) 
     if chunk:
         src = folder / "chunked.onnx"
         row["rewrites"] = _chunk(float_model, src, chunk)
-    shapes = {"pixel_values": (1, 3, side, side)} if part == "mid" else None
+    g = side // PATCH
+    shapes = {"mid": {"pixel_values": (1, 3, side, side)},
+              "mlp4d": {"x": (1, g, g, 1024)}}.get(part)  # fmt: skip
     qdq = _quantize(src, folder, shapes)
     row.update(_sizes(qdq))
     row["prepare"] = _python(_PREPARE, str(qdq), cap_mb=cap_mb)
@@ -169,6 +171,12 @@ def measure(side: int, part: str, work: Path, cap_mb: float, chunk: int | None) 
 
 
 def main(argv: list[str] | None = None) -> int:
+    # No report.html: its picture section runs the built model on the target in this
+    # process (an HTP preparation of the whole graph, unmeasured and uncapped: sam3-mid's
+    # encoder passed 10 GB there), and its per-layer plot compares every layer at full size.
+    import winml_recipes.engine.run as engine_run
+
+    engine_run._write_report = lambda out_dir, reporter: None
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sides", type=int, nargs="+", default=[336, 504, 672])
     parser.add_argument(

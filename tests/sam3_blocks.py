@@ -16,7 +16,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PATCH = 14
 HIDDEN, HEADS, MLP = 1024, 16, 4736  # Sam3ViTConfig's defaults (the published model's)
-PARTS = ("global", "window", "encoder2", "mid")
+PARTS = ("global", "window", "encoder2", "mid", "mlp4d", "mlp2d")
 
 # In a child process: torch's peak stays out of the caller's.
 _EXPORT = """
@@ -62,10 +62,46 @@ onnx.save(model, out, save_as_external_data=True, location=out.rsplit("/", 1)[-1
 """
 
 
+def mlp(side: int, out: Path, rank4: bool) -> Path:
+    """A ViT block's MLP (x @ W1 + b1 -> Gelu -> @ W2 + b2) on the (side/14)^2 tokens:
+    as this tool's export writes it (x [1, g, g, 1024], rank-4 MatMuls with 2-D weights) or
+    on the tokens flattened ([g*g, 1024], what ORT's normalize makes of a static trace)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = side // PATCH
+    # batch dynamic, as the tool's exporter leaves it: onnxruntime's normalize then keeps
+    # the rank-4 MatMuls (with static shapes it fuses them into Reshape -> Gemm -> Reshape)
+    shape = ["batch", g, g, HIDDEN] if rank4 else [g * g, HIDDEN]
+    rng = np.random.default_rng(0)
+
+    def w(name: str, *dims: int) -> onnx.TensorProto:
+        return numpy_helper.from_array(rng.normal(0, 0.02, dims).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h0"]),
+        helper.make_node("Add", ["h0", "b1"], ["h1"]),
+        helper.make_node("Gelu", ["h1"], ["h2"]),
+        helper.make_node("MatMul", ["h2", "w2"], ["h3"]),
+        helper.make_node("Add", ["h3", "b2"], ["y"]),
+    ]
+    inits = [w("w1", HIDDEN, MLP), w("b1", MLP), w("w2", MLP, HIDDEN), w("b2", HIDDEN)]
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+    onnx.save(model, out)
+    return out
+
+
 def export_block(side: int, part: str, out: Path) -> Path:
-    """`part` ("global", "window" or "encoder2") at `side` px, written to `out`."""
+    """`part` (one of PARTS) at `side` px, written to `out`."""
     if part not in PARTS:
         raise ValueError(f"part {part!r}: one of {', '.join(PARTS)}")
+    if part in ("mlp4d", "mlp2d"):
+        return mlp(side, out, part == "mlp4d")
     code = _EXPORT.format(hidden=HIDDEN, heads=HEADS, mlp=MLP, patch=PATCH)
     if part == "mid":
         code = _MID

@@ -63,11 +63,12 @@ class QnnHtp(ExecutionProvider):
 
     def preparation_cost(self) -> PreparationCost:
         """HTP graph preparation (session creation, compile) on this host's emulated
-        backend: an upper envelope of docs/sam3-htp-memory.md's measurements (SAM 3 ViT
-        blocks at 336-1008 px and sam3-mid's encoder, w8a16; largest tensors 5-430 M
-        elements; peaks 0.36-1.6 GB): every measured peak is at or under it. The largest
-        tensor explains little of the peak there; the weights' factor is a session's
-        (not fitted: the measured graphs' weights were 15-46 MB)."""
+        backend: an upper envelope of docs/sam3-htp-memory.md's measurements that prepared
+        (SAM 3 ViT blocks at 336-1008 px and a static export of sam3-mid's encoder, w8a16;
+        largest tensors 5-430 M elements; peaks 0.36-1.6 GB). The largest tensor explains
+        little of the peak there, and the tool's own sam3-mid export (> 16 GB, from one
+        rotary-embedding Concat) is not covered; the weights' factor is a session's (not
+        fitted: the measured graphs' weights were 15-46 MB)."""
         return PreparationCost(
             base_mb=PREPARE_BASE_MB,
             mb_per_million=PREPARE_MB_PER_MILLION,
