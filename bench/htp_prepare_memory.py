@@ -12,6 +12,8 @@ activation of the graph. `--chunk ELEMENTS` first applies the QNN plugin's query
 attention rewrite with that bound (score tensor elements per chunk) to the float block.
 
     nice python bench/htp_prepare_memory.py --sides 336 504 672 --cap-gb 16 [--chunk N]
+    nice python bench/htp_prepare_memory.py --part mid --sides 1008   # this tool's export
+    nice python bench/htp_prepare_memory.py --bisect QDQ.onnx --cap-gb 4
 
 A side whose preparation crosses the cap is stopped and reported as such (the cap is a
 watchdog on the process's RSS, plus RLIMIT_AS where the OS has it, so the machine is never
@@ -170,6 +172,34 @@ def measure(side: int, part: str, work: Path, cap_mb: float, chunk: int | None) 
     return row
 
 
+def bisect(model: Path, cap_mb: float) -> dict:
+    """The shortest prefix of a QDQ graph (cut at an activation's DequantizeLinear) whose
+    HTP preparation passes `cap_mb`, by binary search (the whole graph is assumed to)."""
+    import onnx
+    import onnx.utils
+
+    proto = onnx.load(model, load_external_data=False)
+    nodes, inits = proto.graph.node, {t.name for t in proto.graph.initializer}
+    cuts = [i for i, n in enumerate(nodes)
+            if n.op_type == "DequantizeLinear" and n.input[0] not in inits]  # fmt: skip
+    prefix = model.parent / "prefix.onnx"
+
+    def grows(i: int) -> bool:
+        onnx.utils.extract_model(str(model), str(prefix), [proto.graph.input[0].name],
+                                 [nodes[i].output[0]])  # fmt: skip
+        row = _python(_PREPARE, str(prefix), cap_mb=cap_mb)
+        print(json.dumps({"prefix_ends_at": nodes[i].name, **row}), flush=True)
+        return "stopped" in row
+
+    lo, hi = 0, len(cuts) - 1
+    if grows(cuts[lo]):
+        return {"first_growing": nodes[cuts[lo]].name}
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if grows(cuts[mid]) else (mid, hi)
+    return {"last_fine": nodes[cuts[lo]].name, "first_growing": nodes[cuts[hi]].name}
+
+
 def main(argv: list[str] | None = None) -> int:
     # No report.html: its picture section runs the built model on the target in this
     # process (an HTP preparation of the whole graph, unmeasured and uncapped: sam3-mid's
@@ -188,7 +218,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cap-gb", type=float, default=16.0)
     parser.add_argument("--chunk", type=int, default=None, help="score elements per chunk")
     parser.add_argument("--work", type=Path, default=Path("/tmp/winml-bench-htp-prepare"))
+    parser.add_argument(
+        "--bisect",
+        type=Path,
+        default=None,
+        help="a QDQ model: find the prefix whose preparation passes --cap-gb",
+    )
     args = parser.parse_args(argv)
+    if args.bisect:
+        print(json.dumps(bisect(args.bisect, args.cap_gb * 1024)))
+        return 0
     rows = []
     for side in args.sides:
         row = measure(side, args.part, args.work, args.cap_gb * 1024, args.chunk)
