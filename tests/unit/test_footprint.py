@@ -93,3 +93,58 @@ def test_over_budget_says_what_and_how_much() -> None:
     text = str(err.value)
     assert text.startswith("enc/quantize: needs about 20.0 GB")
     assert "budget of 16.0 GB" in text and "use fewer pixels" in text
+
+
+def test_largest_activation_at_the_given_shapes(tmp_path: Path) -> None:
+    from winml_recipes.onnx.footprint import largest_activation
+
+    model = _chain(tmp_path / "chain.onnx")
+    assert largest_activation(model, {"x": (3, 1000)}) in {("a", 3000), ("b", 3000),
+                                                          ("c", 3000), ("x", 3000)}  # fmt: skip
+    assert largest_activation(model, {"x": (7, 1000)})[1] == 7000
+
+
+def test_htp_preparation_is_estimated_from_the_largest_tensor(tmp_path: Path) -> None:
+    """The QNN plugin's fitted cost: its base, its MB per million elements of the largest
+    activation and a session's weights; a step over the budget says what to change."""
+    from winml_recipes.engine.budget import preparation_estimate
+    from winml_recipes.eps.cpu import PLUGIN as CPU
+    from winml_recipes.eps.qnn import PLUGIN as QNN
+    from winml_recipes.sdk.contract import IOContract, TensorSpec
+
+    model = _chain(tmp_path / "chain.onnx")
+    cost = QNN.preparation_cost()
+    small = IOContract((TensorSpec("x", "float32", ("n", 1000)),), (), {"n": 1000})
+    large = IOContract((TensorSpec("x", "float32", ("n", 1000)),), (), {"n": 400_000})
+    weights_mb = 4000 / 2**20
+    got = preparation_estimate(model, small, QNN)
+    assert got is not None
+    assert got.mb == pytest.approx(cost.base_mb + cost.mb_per_million * 1.0 + 2 * weights_mb)
+    bigger = preparation_estimate(model, large, QNN)
+    assert bigger is not None and bigger.mb - got.mb == pytest.approx(cost.mb_per_million * 399)
+    assert "largest tensor" in bigger.made_of and "qnn-htp" in bigger.made_of
+    with pytest.raises(MemoryBudgetError, match="query chunks"):
+        check_fits(bigger, 1024, "enc/verify")
+    assert preparation_estimate(model, small, CPU) is None
+
+
+def test_npu_verify_and_compile_estimate_htp_preparation(tmp_path: Path) -> None:
+    """On the NPU's EP, verify (on the target) and compile include graph preparation; on the
+    CPU, and with verify off the target, they do not."""
+    from winml_recipes.passes.compile import CompileConfig, CompilePass
+    from winml_recipes.passes.verify import VerifyConfig, VerifyPass
+    from winml_recipes.sdk.contract import IOContract, TensorSpec
+    from winml_recipes.sdk.estimates import EstimateInputs
+    from winml_recipes.sdk.target import Target
+
+    model = _chain(tmp_path / "chain.onnx")
+    contract = IOContract((TensorSpec("x", "float32", ("n", 1000)),), (), {"n": 4})
+    npu = EstimateInputs(Target("npu", "w8a16"), contract)
+    cpu = EstimateInputs(Target("cpu", "int8"), contract)
+    on = VerifyPass().estimate_memory(model, VerifyConfig(), npu)
+    assert on is not None and "candidate session for qnn-htp" in on.made_of
+    off = VerifyPass().estimate_memory(model, VerifyConfig(on_target=False), npu)
+    assert off is not None and "qnn-htp" not in off.made_of and off.mb < on.mb
+    assert "qnn-htp" not in VerifyPass().estimate_memory(model, VerifyConfig(), cpu).made_of
+    compiled = CompilePass().estimate_memory(model, CompileConfig(), npu)
+    assert compiled is not None and compiled.made_of.startswith("compile for qnn-htp")

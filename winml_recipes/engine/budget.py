@@ -13,10 +13,14 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from winml_recipes.sdk.contract import IOContract, resolve_shape
 from winml_recipes.sdk.errors import MemoryBudgetError, RecipeError
 from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
+
+if TYPE_CHECKING:
+    from winml_recipes.sdk.ep import ExecutionProvider
 
 BUDGET_ENV = "WINML_RECIPES_MEMORY_BUDGET"
 HEADROOM_MB = 2048
@@ -128,6 +132,30 @@ def rewrite_estimate(
     mb = RUNTIME_MB + factor * weights
     made_of = f"{what}: weights {weights:.0f} MB x{factor:g}, runtime {RUNTIME_MB} MB"
     return MemoryEstimate(mb, made_of)
+
+
+def preparation_estimate(
+    model: Path, contract: IOContract, ep: ExecutionProvider, what: str = "graph preparation"
+) -> MemoryEstimate | None:
+    """Preparing `model` for `ep` (session creation or compile on its backend), from the EP
+    plugin's fitted cost and the model's largest activation at the contract's shapes; None
+    when the EP gives no cost (the CPU EP: the forward estimate covers it)."""
+    from winml_recipes.onnx.footprint import largest_activation, weight_bytes
+    from winml_recipes.onnx.io import load_model
+
+    cost = ep.preparation_cost()
+    if cost is None:
+        return None
+    name, elements = largest_activation(model, _shapes(contract))
+    weights = weight_bytes(load_model(model, load_external_data=False)) / (1024 * 1024)
+    millions = elements / 1e6
+    mb = cost.base_mb + cost.mb_per_million * millions + cost.weight_factor * weights
+    made_of = (
+        f"{what} for {ep.key}: largest tensor {name or '?'} {millions:.0f} M elements x "
+        f"{cost.mb_per_million:g} MB, weights {weights:.0f} MB x{cost.weight_factor:g}, base "
+        f"{cost.base_mb:.0f} MB (fitted on {cost.fitted_on})"
+    )
+    return MemoryEstimate(mb, made_of, cost.lower_by)
 
 
 def larger(*estimates: MemoryEstimate | None) -> MemoryEstimate | None:

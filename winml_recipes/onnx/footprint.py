@@ -77,8 +77,9 @@ def _with_input_shapes(
     return copy
 
 
-def _sizes(model: onnx.ModelProto) -> dict[str, int | None]:
-    """Bytes of every typed tensor shape inference can size (None: not static)."""
+def _sizes(model: onnx.ModelProto, bytes_: bool = True) -> dict[str, int | None]:
+    """Bytes (or elements) of every typed tensor shape inference can size (None: not
+    static)."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception:  # inference is best effort: a model it rejects still runs
@@ -94,8 +95,39 @@ def _sizes(model: onnx.ModelProto) -> dict[str, int | None]:
         if any(d is None for d in dims):
             out[vi.name] = None
         else:
-            out[vi.name] = math.prod(dims) * _itemsize(tt.elem_type)  # type: ignore[arg-type]
+            size = _itemsize(tt.elem_type) if bytes_ else 1
+            out[vi.name] = math.prod(dims) * size  # type: ignore[arg-type]
     return out
+
+
+def activation_elements(
+    path: Path, input_shapes: Mapping[str, Sequence[int]] | None = None
+) -> int:
+    """Elements of every sized activation of the graph, summed."""
+    from winml_recipes.onnx.io import load_model
+
+    model = load_model(Path(path), load_external_data=False)
+    initializers = {t.name for t in model.graph.initializer}
+    sized = _sizes(_with_input_shapes(model, input_shapes or {}), bytes_=False)
+    return sum(e or 0 for n, e in sized.items() if n not in initializers)
+
+
+def largest_activation(
+    path: Path, input_shapes: Mapping[str, Sequence[int]] | None = None
+) -> tuple[str, int]:
+    """The activation with the most elements (name, elements) at `input_shapes` (default:
+    the graph's own); ("", 0) when none is sized. Elements, not bytes: an EP stores it at
+    its own precision (16-bit activations on an NPU)."""
+    from winml_recipes.onnx.io import load_model
+
+    model = load_model(Path(path), load_external_data=False)
+    initializers = {t.name for t in model.graph.initializer}
+    sized = _sizes(_with_input_shapes(model, input_shapes or {}), bytes_=False)
+    best = ("", 0)
+    for name, elements in sized.items():
+        if name not in initializers and elements and elements > best[1]:
+            best = (name, elements)
+    return best
 
 
 def footprint(path: Path, input_shapes: Mapping[str, Sequence[int]]) -> Footprint:

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from winml_recipes.sdk.config import option
 from winml_recipes.sdk.errors import ExecutionProviderError, PassError
 from winml_recipes.sdk.passes import Pass, register
 from winml_recipes.sdk.target import Target
 from winml_recipes.sdk.types import ModelFacts, StepContext, StepResult
+
+if TYPE_CHECKING:
+    from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
 
 COMPILED = "model_ctx.onnx"
 HtpArch = Literal[68, 69, 73, 75, 79, 81]
@@ -63,6 +66,18 @@ class CompilePass(Pass[CompileConfig]):
         if ep.compiles is None:
             return f"the target's execution provider {ep.key} compiles nothing ahead of time"
         return None
+
+    def estimate_memory(
+        self, src: Path, config: CompileConfig, inputs: EstimateInputs
+    ) -> MemoryEstimate | None:
+        from winml_recipes.sdk.memory import forward_estimate, larger, preparation_estimate
+        from winml_recipes.sdk.runtime import provider_for
+
+        # the EP prepares the graph (in a child process), then both models run on it
+        return larger(
+            preparation_estimate(src, inputs.contract, provider_for(inputs.target), "compile"),
+            forward_estimate(src, inputs.contract, "compiled vs uncompiled forward"),
+        )
 
     def key_material(self, config: CompileConfig, ctx: StepContext) -> Any:
         from winml_recipes.sdk.runtime import identity, provider_for

@@ -155,10 +155,14 @@ class VerifyPass(Pass[VerifyConfig]):
             phases.append(forward_estimate(inputs.reference, inputs.contract, "reference forward"))
         for name, (model, contract) in inputs.upstream.items():
             phases.append(forward_estimate(model, contract, f"{name} forward"))
-        best = larger(*phases)
+        from winml_recipes.sdk.memory import preparation_estimate
         from winml_recipes.sdk.runtime import provider_for
 
-        note = provider_for(inputs.target).estimate_note()
+        ep = provider_for(inputs.target)
+        if config.on_target and not ep.is_cpu:
+            phases.append(preparation_estimate(src, inputs.contract, ep, "candidate session"))
+        best = larger(*phases)
+        note = ep.estimate_note()
         if best is not None and note:
             best = replace(best, made_of=f"{best.made_of} ({note})")
         return best

@@ -17,7 +17,10 @@ entry-point group (`name = "package.module:PLUGIN"`). It says:
 - compiling: `compiles` ("epcontext" or None) and `compile_options` (which recipe
   options of `compile` become provider options);
 - notes: `emulation_note()` (why times here are not the device's), `cpu_pinning` (how to
-  keep op types on the CPU, for a failing region).
+  keep op types on the CPU, for a failing region);
+- memory: `preparation_cost()` (a `PreparationCost`: what preparing a graph for the EP,
+  session creation or compile, takes against the graph's largest activation; the budget
+  estimates `verify` on the target and `compile` from it), or None (not estimated).
 
 The module imports nothing heavy: onnxruntime is imported inside the methods that need it.
 Nothing outside a plugin names an EP; the engine asks `get_ep(key)` / `ep_for_device`.
@@ -56,6 +59,19 @@ class GraphRules:
     name: str  # the rule set's name, as the manifest records it
     rules: tuple[str, ...]  # every rule name `rewrite` can log (errors name them)
     rewrite: Callable[[Any, Any], Any]  # (onnx_ir Model, graph.log.RewriteLog): in place
+
+
+@dataclass(frozen=True)
+class PreparationCost:
+    """What an EP's graph preparation (session creation, compile) takes in memory: a line
+    fitted to measurements, peak MB = base_mb + mb_per_million x (the largest activation's
+    elements, in millions) + weight_factor x the weights' MB."""
+
+    base_mb: float
+    mb_per_million: float
+    weight_factor: float
+    fitted_on: str  # where the fit comes from (said in the estimate)
+    lower_by: str = ""  # what to change when it does not fit
 
 
 @dataclass
@@ -207,6 +223,11 @@ class ExecutionProvider:
 
     def estimate_note(self) -> str | None:
         """What a memory estimate leaves out on this EP (graph preparation), or None."""
+        return None
+
+    def preparation_cost(self) -> PreparationCost | None:
+        """What preparing a graph for this EP costs in memory (see PreparationCost), or
+        None when it is not estimated."""
         return None
 
 

@@ -16,15 +16,23 @@ if TYPE_CHECKING:  # the names, for type checkers and editors
         RewritesGraph,
         forward_estimate,
         larger,
+        preparation_estimate,
         rewrite_estimate,
     )
 
-__all__ = ["RUNTIME_MB", "RewritesGraph", "forward_estimate", "larger", "rewrite_estimate"]
+__all__ = [
+    "RUNTIME_MB",
+    "RewritesGraph",
+    "forward_estimate",
+    "larger",
+    "preparation_estimate",
+    "rewrite_estimate",
+]
 
 
 def __getattr__(name: str) -> Any:
     """The implementation of `name`, imported when first asked for."""
-    if name in ("RUNTIME_MB", "RewritesGraph", "forward_estimate", "larger", "rewrite_estimate"):
+    if name in __all__:
         from winml_recipes.engine import budget as module
 
         return getattr(module, name)

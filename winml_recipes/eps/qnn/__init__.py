@@ -17,15 +17,28 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from winml_recipes.eps.qnn.quant import QnnQuantRules
-from winml_recipes.sdk.ep import ExecutionProvider, GraphRules
+from winml_recipes.sdk.ep import ExecutionProvider, GraphRules, PreparationCost
 
 _X86_64 = {"x86_64", "amd64", "x64"}
 EMULATED_HTP = "emulated HTP (x86_64), not device latency"
 OP_AFFINITY = "op_affinity"  # provider option (onnxruntime-qnn 2.7): a JSON file path
 
 
+# The largest tensor (elements) HTP is known to prepare in bounded memory: the 1008 px SAM 3
+# global-attention block's scores, 16 x 5184 x 5184, prepared in 0.9 GB (docs/sam3-htp-memory.md).
+# Attention scores above it are computed in query chunks (rules/attention.py).
+MAX_TENSOR_ELEMENTS = 16 * 5184 * 5184
+# HTP preparation's peak RSS (MB) ~ base + per million elements of the largest activation:
+# the upper envelope of the measurements (through sam3-mid's encoder, 1622 MB at 430 M, and
+# the 504 px block, 1234 MB at 27 M; docs/sam3-htp-memory.md).
+PREPARE_BASE_MB = 1210.0
+PREPARE_MB_PER_MILLION = 0.97
+
+
 @dataclass(frozen=True)
 class QnnHtp(ExecutionProvider):
+    max_tensor_elements: int | None = MAX_TENSOR_ELEMENTS
+
     def versions(self) -> dict[str, str]:
         out = super().versions()
         with contextlib.suppress(ImportError):
@@ -48,10 +61,24 @@ class QnnHtp(ExecutionProvider):
         pinned = json.dumps({"op_type": {t: "cpu" for t in op_types}})
         return f"QNN's provider option op_affinity (a JSON file {pinned})"
 
-    def estimate_note(self) -> str | None:
-        return (
-            "QNN HTP graph preparation is not estimated: the 1008 px SAM 3 encoder needed "
-            "more than 24 GB"
+    def preparation_cost(self) -> PreparationCost:
+        """HTP graph preparation (session creation, compile) on this host's emulated
+        backend: an upper envelope of docs/sam3-htp-memory.md's measurements that prepared
+        (SAM 3 ViT blocks at 336-1008 px and a static export of sam3-mid's encoder, w8a16;
+        largest tensors 5-430 M elements; peaks 0.36-1.6 GB). The largest tensor explains
+        little of the peak there, and the tool's own sam3-mid export (> 16 GB, from one
+        rotary-embedding Concat) is not covered; the weights' factor is a session's (not
+        fitted: the measured graphs' weights were 15-46 MB)."""
+        return PreparationCost(
+            base_mb=PREPARE_BASE_MB,
+            mb_per_million=PREPARE_MB_PER_MILLION,
+            weight_factor=2.0,
+            fitted_on="SAM 3 ViT blocks and sam3-mid's encoder, w8a16, tensors up to 430 M",
+            lower_by=(
+                "prepare's ep stage computes attention in query chunks above the qnn-htp "
+                "plugin's max_tensor_elements; or verify off the target with verify: "
+                "{on_target: false} and leave compile out"
+            ),
         )
 
     def graph_rules(self) -> GraphRules:
@@ -60,7 +87,9 @@ class QnnHtp(ExecutionProvider):
         return GraphRules(
             name="qnn-htp",
             rules=RULES,
-            rewrite=lambda model, log: rewrite(model, float_rewrites(), log),
+            rewrite=lambda model, log: rewrite(
+                model, float_rewrites(self.max_tensor_elements), log
+            ),
         )
 
 

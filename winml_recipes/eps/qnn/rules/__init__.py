@@ -3,7 +3,8 @@
 `float_rewrites()` is the ordered list of steps the `prepare` pass runs as its `htp` stage
 (before calibration; exact in float): the library's passes where one exists
 (IdentityEliminationPass, RemoveUnusedNodesPass, onnxscript's constant folder and its
-transpose-transpose rule) and the rules of rules.py. `qdq_rewrites()` runs on the QDQ graph
+transpose-transpose rule), the rules of rules.py, and attention.py's query chunking (score
+tensors above the plugin's `max_tensor_elements`). `qdq_rewrites()` runs on the QDQ graph
 after quantization (NaN guards). encodings.py holds the shared-encoding and range rules
 calibration applies. Every step runs on the main graph and on its subgraphs (If/Loop/Scan
 bodies): the rules match nodes there as well, reading outer values as inputs.
@@ -32,7 +33,7 @@ RULES = (
     RULE_FOLD, RULE_IDENTITY, "batchnorm_to_mul_add", "where_of_constants_to_arithmetic",
     "erf_gelu_to_gelu", RULE_TRANSPOSES, "channel_scatter_to_elementwise",
     "constant_scatter_to_arithmetic", "constant_gathernd_to_gather", "merge_constant_chain",
-    "zero_constant_add",
+    "zero_constant_add", "chunk_attention_queries",
 )  # fmt: skip
 
 
@@ -152,11 +153,17 @@ def _transposes(log: RewriteLog) -> list:
     return [Logged.rule()]
 
 
-def float_rewrites() -> list[Step]:
-    """The float rewrites HTP needs, in order (the `prepare` pass's `htp` stage)."""
+def float_rewrites(max_tensor_elements: int | None = None) -> list[Step]:
+    """The float rewrites HTP needs, in order (the `prepare` pass's `htp` stage);
+    `max_tensor_elements`: attention scores above it are computed in query chunks."""
     import onnx_ir.passes.common as common
 
     from winml_recipes.eps.qnn.rules import rules as r
+    from winml_recipes.eps.qnn.rules.attention import ChunkedAttentionPass
+
+    def chunk(model: ir.Model, log: RewriteLog) -> object:
+        assert max_tensor_elements is not None
+        return ChunkedAttentionPass(log, max_tensor_elements)(model)
 
     def one(cls, *ops):
         return lambda log: [cls.rule(log, op) for op in ops or (None,)]
@@ -189,6 +196,8 @@ def float_rewrites() -> list[Step]:
         # (no dead-code pass after: the bypassed zero constants stay initializers, as the
         # protobuf rewrite left them; quantize drops what no node reads)
         Step(RULE_IDENTITY, _library_pass(_IdentityElimination())),
+        # last: the rules above see the graph as exported; the chunks are new nodes
+        *([Step(ChunkedAttentionPass.rule_name, chunk)] if max_tensor_elements else []),
     ]
 
 

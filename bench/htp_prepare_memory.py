@@ -1,0 +1,240 @@
+"""QNN HTP graph preparation of ONE SAM 3 global-attention ViT block: peak memory and time
+against the image side (the cause of the 1008 px encoder's > 24 GB, measured not assumed).
+
+Per side S (tokens = (S/14)^2): the block (transformers' `Sam3ViTLayer`, the full-size
+widths: hidden 1024, 16 heads, MLP 4736; seeded random weights, window 0 = global
+attention) is exported with `torch.onnx.export(dynamo=True)` at input [1, S/14, S/14, 1024]
+and built by this tool for npu/w8a16 (normalize, fix_shapes, prepare without the EP stage,
+quantize on 1 seeded sample). Then, in a fresh process under a memory cap, a QNN HTP
+session is created on the QDQ model with CPU fallback off (what `verify`/`compile` do):
+its wall time and the process's peak RSS are what the table shows, beside the largest
+activation of the graph. `--chunk ELEMENTS` first applies the QNN plugin's query-chunked
+attention rewrite with that bound (score tensor elements per chunk) to the float block.
+
+    nice python bench/htp_prepare_memory.py --sides 336 504 672 --cap-gb 16 [--chunk N]
+    nice python bench/htp_prepare_memory.py --part mid --sides 1008   # this tool's export
+    nice python bench/htp_prepare_memory.py --bisect QDQ.onnx --cap-gb 4
+
+A side whose preparation crosses the cap is stopped and reported as such (the cap is a
+watchdog on the process's RSS, plus RLIMIT_AS where the OS has it, so the machine is never
+pushed into swap or the OOM killer). One measurement at a time: they are memory-bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from tests.sam3_blocks import PARTS, PATCH, export_block  # noqa: E402
+
+# Runs in the measured process: one HTP session, fallback off; prints seconds and peak.
+_PREPARE = """
+import json, sys, time
+from winml_recipes.runtime.memory import peak_rss_mb
+from winml_recipes.runtime.sessions import open_session
+started = time.perf_counter()
+error = None
+try:
+    open_session(sys.argv[1], "qnn-htp", fallback=False)
+except Exception as exc:
+    error = " ".join(str(exc).split())[:300]
+print(json.dumps({"seconds": round(time.perf_counter() - started, 1),
+                  "peak_rss_mb": peak_rss_mb(), "error": error}))
+"""
+
+
+def _python(code: str, *args: str, cap_mb: float | None = None) -> dict:
+    """Run `code` in a fresh interpreter (under `cap_mb` of RSS when given); its JSON line,
+    or {"stopped": ...} when the watchdog killed it, with the peak RSS it reached."""
+    import psutil
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-c", code, *args]
+    limit = None
+    if cap_mb is not None and sys.platform != "win32":
+        # a backstop beside the watchdog: address space, generous (libraries map a lot)
+        limit = int((cap_mb + 8192) * 1024 * 1024)
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=(lambda: _set_as_limit(limit)) if limit else None,
+    )
+    watched = psutil.Process(proc.pid)
+    peak, stopped = 0.0, None
+    started = time.perf_counter()
+    while proc.poll() is None:
+        try:
+            rss = watched.memory_info().rss / 2**20
+        except psutil.NoSuchProcess:
+            break
+        peak = max(peak, rss)
+        if cap_mb is not None and rss > cap_mb:
+            proc.kill()
+            stopped = f"stopped at {rss / 1024:.1f} GB RSS (cap {cap_mb / 1024:.0f} GB)"
+            break
+        time.sleep(0.2)
+    out, err = proc.communicate()
+    if stopped:
+        return {"stopped": stopped, "seconds": round(time.perf_counter() - started, 1),
+                "peak_rss_mb": round(peak)}  # fmt: skip
+    if proc.returncode != 0:
+        tail = " ".join(err.split())[-400:]
+        return {"error": f"exit {proc.returncode}: {tail}", "peak_rss_mb": round(peak),
+                "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+    line = [s for s in out.splitlines() if s.startswith("{")][-1]
+    return json.loads(line)
+
+
+def _set_as_limit(limit: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _chunk(src: Path, out: Path, bound: int) -> dict:
+    """The QNN plugin's query-chunked attention rewrite at `bound`, on the float block."""
+    import onnx_ir as ir
+
+    from winml_recipes.eps.qnn.rules.attention import ChunkedAttentionPass
+    from winml_recipes.graph.log import RewriteLog
+
+    model = ir.load(src)
+    log = RewriteLog()
+    ChunkedAttentionPass(log, bound)(model)
+    ir.save(model, out, external_data=f"{out.name}.data")
+    return log.to_metrics()
+
+
+def _quantize(src: Path, work: Path, shapes: dict | None = None) -> Path:
+    """npu/w8a16 QDQ of `src` by this tool (the prepare stages before the EP's; 1 sample)."""
+    import yaml
+
+    from winml_recipes import api
+    from winml_recipes.authoring import write_adhoc_project
+
+    recipe, _ = write_adhoc_project(src, work / "project", "npu", "w8a16", shapes or {})
+    body = yaml.safe_load(recipe.read_text())
+    body["steps"] = [
+        "normalize",
+        "fix_shapes",
+        {"prepare": {"stages": ["fold", "gathernd", "recurrent"], "check_samples": 0}},
+        {"quantize": {"calibration": {"samples": 1}}},
+    ]
+    recipe.write_text(yaml.safe_dump(body, sort_keys=False))
+    result = api.build(recipe, device="npu", precision="w8a16", output_root=work / "out",
+                       catalog_dir=work / "project" / "catalog",
+                       cache_dir=work / "cache")  # fmt: skip
+    return Path(result.models["model"])
+
+
+def _sizes(path: Path) -> dict:
+    """The QDQ graph's largest activation, all activations' elements and its node count."""
+    import onnx
+
+    from winml_recipes.onnx.footprint import activation_elements, largest_activation
+
+    name, elements = largest_activation(path)
+    nodes = len(onnx.load(path, load_external_data=False).graph.node)
+    return {"largest_tensor": name, "largest_elements": elements,
+            "activation_elements": activation_elements(path), "nodes": nodes}  # fmt: skip
+
+
+def measure(side: int, part: str, work: Path, cap_mb: float, chunk: int | None) -> dict:
+    tag = f"{part}_{side}" + (f"-chunk{chunk}" if chunk else "")
+    folder = work / tag
+    folder.mkdir(parents=True, exist_ok=True)
+    float_model = work / f"{part}_{side}.onnx"
+    if not float_model.is_file():
+        export_block(side, part, float_model)
+    row: dict = {"part": part, "side": side, "tokens": (side // PATCH) ** 2,
+                 "chunk_bound": chunk}  # fmt: skip
+    src = float_model
+    if chunk:
+        src = folder / "chunked.onnx"
+        row["rewrites"] = _chunk(float_model, src, chunk)
+    g = side // PATCH
+    shapes = {"mid": {"pixel_values": (1, 3, side, side)},
+              "mlp4d": {"x": (1, g, g, 1024)}}.get(part)  # fmt: skip
+    qdq = _quantize(src, folder, shapes)
+    row.update(_sizes(qdq))
+    row["prepare"] = _python(_PREPARE, str(qdq), cap_mb=cap_mb)
+    return row
+
+
+def bisect(model: Path, cap_mb: float) -> dict:
+    """The shortest prefix of a QDQ graph (cut at an activation's DequantizeLinear) whose
+    HTP preparation passes `cap_mb`, by binary search (the whole graph is assumed to)."""
+    import onnx
+    import onnx.utils
+
+    proto = onnx.load(model, load_external_data=False)
+    nodes, inits = proto.graph.node, {t.name for t in proto.graph.initializer}
+    cuts = [i for i, n in enumerate(nodes)
+            if n.op_type == "DequantizeLinear" and n.input[0] not in inits]  # fmt: skip
+    prefix = model.parent / "prefix.onnx"
+
+    def grows(i: int) -> bool:
+        onnx.utils.extract_model(str(model), str(prefix), [proto.graph.input[0].name],
+                                 [nodes[i].output[0]])  # fmt: skip
+        row = _python(_PREPARE, str(prefix), cap_mb=cap_mb)
+        print(json.dumps({"prefix_ends_at": nodes[i].name, **row}), flush=True)
+        return "stopped" in row
+
+    lo, hi = 0, len(cuts) - 1
+    if grows(cuts[lo]):
+        return {"first_growing": nodes[cuts[lo]].name}
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if grows(cuts[mid]) else (mid, hi)
+    return {"last_fine": nodes[cuts[lo]].name, "first_growing": nodes[cuts[hi]].name}
+
+
+def main(argv: list[str] | None = None) -> int:
+    # No report.html: its picture section runs the built model on the target in this
+    # process (an HTP preparation of the whole graph, unmeasured and uncapped: sam3-mid's
+    # encoder passed 10 GB there), and its per-layer plot compares every layer at full size.
+    import winml_recipes.engine.run as engine_run
+
+    engine_run._write_report = lambda out_dir, reporter: None
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sides", type=int, nargs="+", default=[336, 504, 672])
+    parser.add_argument(
+        "--part",
+        choices=PARTS,
+        default="global",
+        help="global / window: one ViT block; encoder2: sam3-mid's encoder",
+    )
+    parser.add_argument("--cap-gb", type=float, default=16.0)
+    parser.add_argument("--chunk", type=int, default=None, help="score elements per chunk")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/winml-bench-htp-prepare"))
+    parser.add_argument(
+        "--bisect",
+        type=Path,
+        default=None,
+        help="a QDQ model: find the prefix whose preparation passes --cap-gb",
+    )
+    args = parser.parse_args(argv)
+    if args.bisect:
+        print(json.dumps(bisect(args.bisect, args.cap_gb * 1024)))
+        return 0
+    rows = []
+    for side in args.sides:
+        row = measure(side, args.part, args.work, args.cap_gb * 1024, args.chunk)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
