@@ -261,7 +261,10 @@ def test_compiled_epcontext_bytes_do_not_depend_on_where_the_build_ran(tmp_path)
     outs = []
     for name in ("a", "b"):
         report = api.matrix(
-            [recipe], targets="npu/uint8", output_root=tmp_path / name, cache_dir=tmp_path / name
+            [recipe],
+            targets="npu/uint8",
+            output_root=tmp_path / name,
+            cache_dir=tmp_path / f"{name}-cache",
         )
         assert report.exit_code == 0, report.outcomes[0].error
         outs.append(tmp_path / name / "mlp" / "npu-uint8")
