@@ -64,6 +64,9 @@ class CompilePass(Pass[CompileConfig]):
             return f"the target's execution provider {ep.key} compiles nothing ahead of time"
         return None
 
+    def opens_on_target(self, config: CompileConfig) -> bool:
+        return True  # with CPU fallback off
+
     def key_material(self, config: CompileConfig, ctx: StepContext) -> Any:
         from winml_recipes.sdk.runtime import identity, provider_for
 
