@@ -1,7 +1,7 @@
 """preflight: open each component on the target's EP before any calibration (fail fast).
 
 An EP that can fail to finalize a graph it accepted node by node (its plugin's
-`may_fail_to_finalize`: QNN HTP's `QNN_COMMON_ERROR_MEM_ALLOC`, which names no node) is
+`may_fail_to_finalize`: an NPU's memory-allocation error that names no node) is
 met here, once the float graph is prepared: the model is quantized as the component's
 `quantize` step will quantize it, but calibrated on a few synthetic samples from the I/O
 contract (seconds, not the half hour a full-size encoder's real calibration takes, and
@@ -12,7 +12,7 @@ the later steps allow. Where it fails, the graph is bisected to the failing regi
 (nodes per EP, nodes the EP refused) is recorded.
 
 Synthetic ranges are not the real ones: a graph that finalizes here can still fail at
-`verify` (where encodings decide, e.g. HTP's shared scatter encodings). This catches what
+`verify` (where the real encodings decide). This catches what
 the graph's structure decides, early; verify and compile still check the real model.
 """
 
@@ -124,9 +124,7 @@ class PreflightPass(Pass[PreflightConfig]):
         from winml_recipes.passes.quantize import QuantizePass
         from winml_recipes.sdk.memory import forward_estimate, larger
 
-        load = forward_estimate(
-            src, inputs.contract, "session on the target (not HTP's preparation)"
-        )
+        load = forward_estimate(src, inputs.contract, "session on the target")
         if config.quantize is None:
             return load
         quick = QuantizePass().estimate_memory(src, _quick(config), replace(inputs, upstream={}))

@@ -139,7 +139,7 @@ class ExecutionProvider:
     # file names this EP's compiled artifacts match (serializers that are not reproducible)
     unreproducible_artifacts: str | None = None
     # Whether a session on this EP can fail at graph finalization on a graph it accepted
-    # node by node (QNN HTP: QNN_COMMON_ERROR_MEM_ALLOC, naming no node): a build then
+    # node by node (an NPU's allocation error naming no node): a build then
     # checks each component there before any calibration (the `fail_fast` steps).
     may_fail_to_finalize: bool = False
 
