@@ -1,7 +1,7 @@
 """Fail fast: a component QNN HTP cannot finalize stops the build in its `preflight`, before
 any component's calibration, whatever executor runs it (real HTP sessions, no mocks).
 
-The pair: `enc` (a Conv chain, calibrated on 64 samples) feeds `dec` (the chain of
+The pair: `enc` (a Conv chain, calibrated on 64 samples of its npz) feeds `dec` (the chain of
 test_bisect with its channel Gather left in float by `quantize.exclude`: HTP fails to
 finalize it, QNN_COMMON_ERROR_MEM_ALLOC, naming no node). `dec` calibrates on `enc`'s
 outputs, so without the preflight `enc` is quantized and verified before `dec` fails.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
@@ -51,7 +52,8 @@ targets:
   - {device: npu, precision: w8a16}
 components:
   enc:
-    steps: [normalize, fix_shapes, preflight, {quantize: {calibration: {samples: 64}}}, verify]
+    steps: [normalize, fix_shapes, preflight, {quantize: {calibration: {npz: enc.npz, samples: 64}}},
+            verify]
   dec:
     steps:
       - normalize
@@ -82,6 +84,8 @@ def _pair(root: Path, fallback: bool = False) -> tuple[Path, Path]:
     onnx.save(enc, str(catalog / "enc.onnx"))
     chain(catalog / "dec.onnx")
     (catalog / "pair.yaml").write_text(CATALOG)
+    rng = np.random.default_rng(3)
+    np.savez(recipes / "enc.npz", pixels=rng.uniform(-1, 1, (64, 1, 16, 8, 8)).astype(np.float32))
     recipe = recipes / "pair.yaml"
     recipe.write_text(RECIPE.replace("FALLBACK", str(fallback).lower()))
     return recipe, catalog
@@ -107,7 +111,10 @@ def _check_evidence(failed: Path) -> None:
     enc_check = manifest["components"]["enc"]["steps"][-1]["metrics"]
     assert enc_check["placement"]["nodes"] == {"QNNExecutionProvider": enc_check["placement"]
                                                ["nodes"]["QNNExecutionProvider"]}  # fmt: skip
+    # the encoder's check calibrates on its own data, the decoder's (whose data is the
+    # encoder's outputs) on synthetic samples
     assert enc_check["quantized"]["samples"] == 2
+    assert enc_check["quantized"]["source"].startswith("npz"), enc_check["quantized"]
     dec_check = manifest["components"]["dec"]["steps"][-1]
     assert dec_check["metrics"]["bisection"]["culprit"] == {
         "name": "pick_channels",

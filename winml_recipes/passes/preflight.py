@@ -3,15 +3,16 @@
 An EP that can fail to finalize a graph it accepted node by node (its plugin's
 `may_fail_to_finalize`: an NPU's memory-allocation error that names no node) is
 met here, once the float graph is prepared: the model is quantized as the component's
-`quantize` step will quantize it, but calibrated on a few synthetic samples from the I/O
-contract (seconds, not the half hour a full-size encoder's real calibration takes, and
-without another component's outputs), then opened on the target's EP with the CPU fallback
+`quantize` step will quantize it, but calibrated on a few samples: of its own calibration
+data, or synthetic ones from the I/O contract where that data is another component's
+outputs (seconds, not the half hour a full-size encoder's real calibration takes), then
+opened on the target's EP with the CPU fallback
 the later steps allow. Where it fails, the graph is bisected to the failing region as
 `verify` does, and the build stops with that error before any expensive step: the pass is
 `fail_fast`, so the engine runs every component's steps up to it first. The placement
 (nodes per EP, nodes the EP refused) is recorded.
 
-Synthetic ranges are not the real ones: a graph that finalizes here can still fail at
+A few samples' ranges are not the real calibration's: a graph that finalizes here can still fail at
 `verify` (where the real encodings decide). This catches what
 the graph's structure decides, early; verify and compile still check the real model.
 """
@@ -45,8 +46,9 @@ NOTHING_OPENS = (
 class PreflightConfig:
     samples: int = option(
         2,
-        "Synthetic calibration samples (from the I/O contract; the bundled photographs for "
-        "one image input) for the quick quantization.",
+        "Calibration samples for the quick quantization: the first of the quantize step's "
+        "own data, or synthetic ones (the I/O contract's; the bundled photographs for one "
+        "image input) where it calibrates on another component's outputs.",
         minimum=1,
         maximum=16,
     )
@@ -54,8 +56,8 @@ class PreflightConfig:
     quantize: QuantizeOptions | None = option(
         None,
         "How to quantize before opening. Default: as the component's quantize step does "
-        "(its options without its calibration data and automatic mixed precision); none "
-        "when no quantize step follows.",
+        "(its options, without automatic mixed precision and without inputs_from "
+        "calibration data); none when no quantize step follows.",
     )
     allow_cpu_fallback: bool | None = option(
         None,
@@ -96,20 +98,26 @@ class PreflightPass(Pass[PreflightConfig]):
             out["allow_cpu_fallback"] = all(s.impl.allows_cpu_fallback(s.config) for s in opening)
         quantizer = next((s for s in running if "integer" in s.impl.makes), None)
         if out.get("quantize") is None and quantizer is not None:
-            # quantize's own options (QuantizeOptions), less what needs data or the target
+            # quantize's own options (QuantizeOptions), less what needs another component's
+            # outputs (its calibration's inputs_from) or many runs (automatic mixed precision)
             out["quantize"] = {
                 k: v
                 for k, v in quantizer.options.items()
-                if k != "calibration" and not (k == "mixed_precision" and _is_auto(v))
+                if not (k == "calibration" and (v or {}).get("inputs_from"))
+                and not (k == "mixed_precision" and _is_auto(v))
             }
         return out, None
 
     def key_material(self, config: PreflightConfig, ctx: StepContext) -> Any:
         from winml_recipes.sdk.presets import device_settings, precision_settings
         from winml_recipes.sdk.runtime import identity, provider_for
+        from winml_recipes.sdk.samples import upstream_data_digest
 
         ep = provider_for(ctx.target)
+        cal = _quick(config).calibration if config.quantize is not None else None
+        options = {k: v for k, v in vars(cal).items() if v is not None} if cal else None
         return {
+            "data": upstream_data_digest(options, {}, ctx.recipe_dir),  # its files' digests
             "execution_provider": identity(ep.key),
             # what the presets fill into the quantization (as quantize's key holds)
             "preset": {
@@ -146,7 +154,7 @@ class PreflightPass(Pass[PreflightConfig]):
         if config.quantize is not None:
             model, metrics["quantized"] = _quantize(src, config, ctx)
         started = time.perf_counter()
-        metrics |= _open(model, ep, fallback, config, ctx)
+        metrics |= _open(model, ep, fallback, metrics.get("quantized"), ctx)
         metrics["open_seconds"] = round(time.perf_counter() - started, 3)
         return StepResult(None, metrics)
 
@@ -156,9 +164,14 @@ def _is_auto(value: Any) -> bool:
 
 
 def _quick(config: PreflightConfig) -> QuantizeOptions:
-    """The quantize options with synthetic calibration of `samples` samples."""
+    """The quantize options calibrated on `samples` samples: of the component's own
+    calibration data where it has some, else synthetic (from the I/O contract)."""
     assert config.quantize is not None
-    calibration = CalibrationConfig(samples=config.samples, seed=config.seed)
+    own = config.quantize.calibration
+    if own is None or own.inputs_from:
+        calibration = CalibrationConfig(samples=config.samples, seed=config.seed)
+    else:
+        calibration = replace(own, samples=min(own.samples, config.samples))
     return replace(config.quantize, calibration=calibration)
 
 
@@ -190,7 +203,7 @@ def _quantize(src: Path, config: PreflightConfig, ctx: StepContext) -> tuple[Pat
 
 
 def _open(
-    model: Path, ep: Any, fallback: bool, config: PreflightConfig, ctx: StepContext
+    model: Path, ep: Any, fallback: bool, quantized: dict[str, Any] | None, ctx: StepContext
 ) -> dict[str, Any]:
     """Open `model` on the target's EP: its placement; a failure bisected to the failing
     region (as verify does), kept on the CPU when fallback is allowed and that loads."""
@@ -203,7 +216,7 @@ def _open(
         explained = explain(exc, model, ep.key, fallback=fallback, progress=ctx.progress)
         cpu = explained.data.get("cpu_op_affinity") or {}
         if not (fallback and cpu.get("loads")):
-            raise _failed(explained, config) from None
+            raise _failed(explained, quantized) from None
         pinned = ep.cpu_pinning(cpu["op_types"], Path(ctx.work_dir))
         session = open_session(model, ep.key, fallback=True, provider_options=pinned, device=device)
         record = {"cpu_op_affinity": {**cpu, "bisection": explained.data.get("bisection")}}
@@ -218,13 +231,13 @@ def _open(
     }
 
 
-def _failed(error: ExecutionProviderError, config: PreflightConfig) -> PassError:
+def _failed(error: ExecutionProviderError, quantized: dict[str, Any] | None) -> PassError:
     """The EP's error (bisected), said as the early check it is, with its data kept."""
-    how = (
-        f"quantized on {config.samples} synthetic sample(s)"
-        if config.quantize is not None
-        else "as it is"
-    )
+    how = "as it is"
+    if quantized and quantized.get("samples"):
+        synthetic = str(quantized.get("source", "")).startswith("synthetic")
+        kind = "synthetic sample(s)" if synthetic else "sample(s) of its calibration data"
+        how = f"quantized on {quantized['samples']} {kind}"
     return PassError(
         f"the model ({how}) cannot be opened on the target, checked before any calibration: "
         f"{error.message}",
