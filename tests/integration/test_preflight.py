@@ -52,8 +52,12 @@ targets:
   - {device: npu, precision: w8a16}
 components:
   enc:
-    steps: [normalize, fix_shapes, preflight, {quantize: {calibration: {npz: enc.npz, samples: 64}}},
-            verify]
+    steps:
+      - normalize
+      - fix_shapes
+      - preflight
+      - quantize: {calibration: {npz: enc.npz, samples: 64}}
+      - verify
   dec:
     steps:
       - normalize
