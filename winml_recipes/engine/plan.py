@@ -95,6 +95,8 @@ class Plan:
                         | ({"skip": s.skip} if s.skip else {})
                         for s in c.steps
                     ],
+                    # its first steps, run before any component's later ones (fail fast)
+                    "checked_first": c.checked_first,
                 }
                 for c in self.components
             },
