@@ -71,8 +71,8 @@ class PreflightPass(Pass[PreflightConfig]):
     name = "preflight"
     version = 1
     summary = (
-        "Before any calibration: quantize quickly on synthetic samples and open the model on "
-        "the target's EP (a graph it cannot finalize fails the build in seconds, bisected)."
+        "Before any calibration: quantize quickly on a few samples and open the model on the "
+        "target's EP (a graph it cannot finalize fails the build in seconds, bisected)."
     )
     uses_contract = True
     once_per_component = True
@@ -116,14 +116,18 @@ class PreflightPass(Pass[PreflightConfig]):
         ep = provider_for(ctx.target)
         cal = _quick(config).calibration if config.quantize is not None else None
         options = {k: v for k, v in vars(cal).items() if v is not None} if cal else None
+        # what the presets and the EP's rules put into the quantization (as quantize's key)
+        preset: dict[str, Any] = {
+            "device": device_settings(ctx.target.device).get("quantize"),
+            "precision": precision_settings(ctx.target.precision),
+        }
+        if ep.quant_rules is not None:  # their code is not in the pass's digest
+            rules = ep.quant_rules
+            preset["ep_rules"] = [type(rules).__module__, type(rules).__qualname__, rules.name]
         return {
             "data": upstream_data_digest(options, {}, ctx.recipe_dir),  # its files' digests
             "execution_provider": identity(ep.key),
-            # what the presets fill into the quantization (as quantize's key holds)
-            "preset": {
-                "device": device_settings(ctx.target.device).get("quantize"),
-                "precision": precision_settings(ctx.target.precision),
-            },
+            "preset": preset,
         }
 
     def estimate_memory(
