@@ -11,6 +11,10 @@ Each target's plan is cut into tasks:
   ends where targets part ways, and a step that reads another component starts a new one,
   with an edge from that component's last task (the decoder's calibration waits for the
   encoder's float model; its export does not).
+- a component's steps up to its last fail-fast step (`preflight`: opened on the target
+  before any calibration; `ComponentPlan.checked_first`) end a task, and the first task
+  after them, in every component of the target, waits for the other components' such
+  tasks: a graph the target cannot take fails the build before any calibration starts.
 - an *assemble* task per target ships its components' final models into the output folder
   with the manifest, once its last steps tasks are done.
 
