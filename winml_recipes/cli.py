@@ -193,6 +193,9 @@ def plan(recipe, device, precision, ep, defines, catalog_dir, source, as_json) -
             opts = f" {json.dumps(s.options, sort_keys=True)}" if s.options else ""
             state = f"skip: {s.skip}" if s.skip else "run"
             click.echo(f"    {s.index + 1}. {s.name}{opts}  [{state}]")
+    first = [f"{c.name} 1-{c.checked_first}" for c in the_plan.components if c.checked_first]
+    if first:  # fail-fast steps (Pass.fail_fast) and those before them
+        click.echo(f"  checked first, before any other step: {', '.join(first)}")
 
 
 @main.command()

@@ -111,7 +111,8 @@ def test_cli_build_json_and_plan(tiny_build, tmp_path) -> None:
     assert plan.returncode == 0, plan.stderr
     steps = json.loads(plan.stdout)["components"]["vision_encoder"]["steps"]
     assert [s["pass"] for s in steps] == [
-        "export", "normalize", "fix_shapes", "prepare", "quantize", "verify", "compile"
+        "export", "normalize", "fix_shapes", "prepare", "preflight", "quantize", "verify",
+        "compile",
     ]  # fmt: skip
 
 

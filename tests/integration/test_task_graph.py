@@ -120,3 +120,30 @@ def test_two_targets_writing_one_folder_fail_at_once_and_the_first_builds(tmp_pa
     assert (second.status, second.exit_code) == ("failed", 2)
     assert "writes the same folder for the same target" in second.error
     assert report.tasks and all(t["targets"] == [0] for t in report.tasks)
+
+
+def test_every_components_preflight_runs_before_any_calibration() -> None:
+    """The encoder's quantize waits for the decoder's preflight (and the decoder's for the
+    encoder's, through its calibration data): the local executor's order puts both checks
+    first."""
+    from winml_recipes.exec.task import OK
+    from winml_recipes.exec.work import TaskResult
+
+    graph, _ = _graph(SAM3, [("npu", "w8a16")])
+    nodes = graph.nodes
+    checks = {n.component: n.id for n in nodes.values() if n.label.endswith("preflight]")}
+    assert set(checks) == {"vision_encoder", "prompt_encoder_mask_decoder"}
+    encoder_quantize = next(
+        n for n in nodes.values() if n.component == "vision_encoder" and "quantize" in n.label
+    )
+    assert encoder_quantize.checks == [checks["prompt_encoder_mask_decoder"]]
+    order = []
+    while (ready := graph.ready(limit=1)) and ready[0].kind == "steps":
+        order.append(ready[0].label.split("[")[1].rstrip("]"))
+        graph.finish(ready[0], TaskResult(OK))
+    assert order[:4] == [
+        "export, normalize, fix_shapes, prepare, preflight",  # the encoder's
+        "export, normalize, fix_shapes, prepare, preflight",  # the decoder's
+        "quantize, verify, compile",  # the encoder's
+        "quantize",  # the decoder's (its verify reads the encoder's again: a task of its own)
+    ]

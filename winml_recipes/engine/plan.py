@@ -46,6 +46,20 @@ class ComponentPlan:
             out += [d for d in s.impl.depends_on(s.config) if d not in out]
         return tuple(out)
 
+    @property
+    def checked_first(self) -> int:
+        """How many of the first steps run before any component's later steps: up to and
+        including the last fail-fast step that runs (`Pass.fail_fast`), unless one of them
+        reads another component (then 0: the chain runs in dependency order)."""
+        last = max(
+            (i for i, s in enumerate(self.steps) if s.skip is None and s.impl.fail_fast),
+            default=-1,
+        )
+        early = self.steps[: last + 1]
+        if any(s.skip is None and s.impl.depends_on(s.config) for s in early):
+            return 0
+        return len(early)
+
 
 @dataclass
 class Plan:
@@ -81,6 +95,8 @@ class Plan:
                         | ({"skip": s.skip} if s.skip else {})
                         for s in c.steps
                     ],
+                    # its first steps, run before any component's later ones (fail fast)
+                    "checked_first": c.checked_first,
                 }
                 for c in self.components
             },
@@ -148,6 +164,7 @@ def _plan_component(
         plan.steps.append(PlannedStep(i, step.name, impl, options, config, skip, facts, step.line))
         if skip is None:
             facts = impl.facts_after(facts, config)
+    _complete_from_later_steps(plan, recipe)
     reads = [r for s in plan.steps if s.skip is None for r in s.impl.data_reads(s.config)]
     if reads:
         from winml_recipes.feeds import check_disjoint
@@ -163,6 +180,26 @@ def _plan_component(
             where=str(recipe.path),
         )
     return plan
+
+
+def _complete_from_later_steps(plan: ComponentPlan, recipe: Recipe) -> None:
+    """Each step's options completed from the steps after it (`Pass.with_later_steps`),
+    its config rebuilt from them, and its skip reason when they leave it nothing to do."""
+    from winml_recipes.sdk.types import LaterStep
+
+    for i, step in enumerate(plan.steps):
+        if step.skip is not None:
+            continue
+        later = [LaterStep(s.impl, s.options, s.config, s.skip) for s in plan.steps[i + 1 :]]
+        options, skip = step.impl.with_later_steps(dict(step.options), later)
+        if options != step.options:
+            where = f"{recipe.path}:{step.line}" if step.line else f"{recipe.path}"
+            try:
+                step.config = step.impl.make_config(options)
+            except WinmlError as exc:
+                raise PlanError(exc.message, where=exc.where or where) from None
+            step.options = options
+        step.skip = skip
 
 
 def _precision_mismatch(facts: ModelFacts, target) -> str | None:

@@ -129,20 +129,30 @@ def run_plan(
     check_sources_fit(plan, budget_mb)
 
     def build(staging: Path) -> dict[str, tuple[list[StepRecord], ChainState]]:
-        chains: dict[str, tuple[list[StepRecord], ChainState]] = {}
+        # Fail-fast checks first: every component's steps up to its last fail-fast step
+        # (ComponentPlan.checked_first), then the rest in dependency order.
+        chains: Chains = {c.name: ([], begin_chain(c)) for c in plan.components}
         built: dict[str, UpstreamComponent | None] = {}
-        for comp in plan.components:
+        phases = [
+            [(c, c.steps[: c.checked_first]) for c in plan.components if c.checked_first],
+            [(c, c.steps[c.checked_first :]) for c in plan.components],
+        ]
+        for comp, steps in (item for phase in phases for item in phase):
+            before, state = chains[comp.name]
             try:
                 records, state = run_steps(
-                    comp, comp.steps, plan, staging / ".work", cache, begin_chain(comp), built,
-                    budget_mb, reporter,
+                    comp, steps, plan, staging / ".work", cache, state, built, budget_mb,
+                    reporter,
                 )  # fmt: skip
             except Exception as exc:
-                # the components built before the failing one are evidence too
-                setattr(exc, EVIDENCE, {**chains, **getattr(exc, EVIDENCE, {})})
+                # what every component made so far is evidence too
+                failed = {n: (before + r, s) for n, (r, s) in getattr(exc, EVIDENCE, {}).items()}
+                made = {n: chain for n, chain in chains.items() if chain[0]}
+                setattr(exc, EVIDENCE, {**made, **failed})
                 raise
-            chains[comp.name] = (records, state)
-            built[comp.name] = upstream_of(comp, state)
+            chains[comp.name] = (before + records, state)
+            if len(chains[comp.name][0]) == len(comp.steps):
+                built[comp.name] = upstream_of(comp, state)
         return chains
 
     try:

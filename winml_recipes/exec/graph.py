@@ -11,6 +11,10 @@ Each target's plan is cut into tasks:
   ends where targets part ways, and a step that reads another component starts a new one,
   with an edge from that component's last task (the decoder's calibration waits for the
   encoder's float model; its export does not).
+- a component's steps up to its last fail-fast step (`preflight`: opened on the target
+  before any calibration; `ComponentPlan.checked_first`) end a task, and the first task
+  after them, in every component of the target, waits for the other components' such
+  tasks: a graph the target cannot take fails the build before any calibration starts.
 - an *assemble* task per target ships its components' final models into the output folder
   with the manifest, once its last steps tasks are done.
 
@@ -51,6 +55,8 @@ class Node:
     # component -> its last task (None: it has no steps, its source is what it gives)
     upstream: dict[str, str | None] = field(default_factory=dict)
     chains: dict[str, list[str]] = field(default_factory=dict)  # assemble: comp -> tasks
+    # the tasks ending other components' fail-fast checks, which this one waits for
+    checks: list[str] = field(default_factory=list)
     memory_mb: float = 0.0
     status: str = WAITING
     result: TaskResult | None = None
@@ -60,6 +66,7 @@ class Node:
     def needs(self) -> list[str]:
         deps = [self.after] if self.after else []
         deps += [n for n in self.upstream.values() if n is not None]
+        deps += [n for n in self.checks if n not in deps]
         deps += [n for chain in self.chains.values() for n in chain[-1:]]
         return deps
 
@@ -122,9 +129,12 @@ class TaskGraph:
 
     def _add_target(self, index: int, plan: Plan, keys: dict[str, list[str]], memory) -> None:
         chains: dict[str, list[str]] = {}
+        checked: dict[str, str] = {}  # component -> the task ending its fail-fast checks
+        first_after: dict[str, str] = {}  # component -> its first task after them
         for comp in plan.components:
             chain: list[str] = []
-            for span in self._stretches(comp.steps, keys[comp.name]):
+            early = comp.checked_first
+            for span in self._stretches(comp.steps, keys[comp.name], early):
                 node_id = keys[comp.name][span[-1]]
                 node = self.nodes.get(node_id)
                 if node is None:
@@ -144,8 +154,16 @@ class TaskGraph:
                 node.targets.append(index)
                 if memory is not None:
                     node.memory_mb = max(node.memory_mb, memory(index, plan, comp.name, span))
+                if span[-1] == early - 1:
+                    checked[comp.name] = node_id
+                elif span[0] == early:
+                    first_after[comp.name] = node_id
                 chain.append(node_id)
             chains[comp.name] = chain
+        # Every component's fail-fast checks before any component's later steps.
+        for comp, node_id in first_after.items():
+            node = self.nodes[node_id]
+            node.checks += [c for o, c in checked.items() if o != comp and c not in node.checks]
         target = f"{plan.target.device}/{plan.target.precision}"
         assemble_id = f"assemble:{index}"
         self.nodes[assemble_id] = Node(
@@ -157,12 +175,14 @@ class TaskGraph:
             memory_mb=memory(index, plan, "", ()) if memory is not None else 0.0,
         )
 
-    def _stretches(self, steps, keys: list[str]) -> list[tuple[int, ...]]:
-        """A component's steps cut into tasks (step indices)."""
+    def _stretches(self, steps, keys: list[str], early: int = 0) -> list[tuple[int, ...]]:
+        """A component's steps cut into tasks (step indices); the first `early` ones (its
+        fail-fast checks and the steps before them) end a task."""
         out: list[tuple[int, ...]] = []
         start = 0
         for i in range(len(steps)):
-            if i + 1 == len(steps) or self._cut_before(steps[i + 1], keys[i : i + 2]):
+            last = i + 1 == len(steps) or i + 1 == early
+            if last or self._cut_before(steps[i + 1], keys[i : i + 2]):
                 out.append(tuple(range(start, i + 1)))
                 start = i + 1
         return out

@@ -79,6 +79,9 @@ class CompilePass(Pass[CompileConfig]):
             forward_estimate(src, inputs.contract, "compiled vs uncompiled forward"),
         )
 
+    def opens_on_target(self, config: CompileConfig) -> bool:
+        return True  # with CPU fallback off
+
     def key_material(self, config: CompileConfig, ctx: StepContext) -> Any:
         from winml_recipes.sdk.runtime import identity, provider_for
 

@@ -228,6 +228,12 @@ class VerifyPass(Pass[VerifyConfig]):
     def depends_on(self, config: VerifyConfig) -> tuple[str, ...]:
         return (config.inputs_from,) if config.inputs_from else ()
 
+    def opens_on_target(self, config: VerifyConfig) -> bool:
+        return config.on_target
+
+    def allows_cpu_fallback(self, config: VerifyConfig) -> bool:
+        return config.allow_cpu_fallback
+
     def run(
         self, src: Path | None, out_dir: Path, config: VerifyConfig, ctx: StepContext
     ) -> StepResult:

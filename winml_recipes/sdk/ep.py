@@ -10,6 +10,8 @@ entry-point group (`name = "package.module:PLUGIN"`). It says:
   `library_env`), default `options` (provider options), which of onnxruntime's EP devices
   to select (`select_devices`), its library `versions()` (manifest and cache key);
 - placement: `refusal_reason(log)` reads the EP's log when it refused nodes;
+  `may_fail_to_finalize`: a graph it accepted may still fail when the session is created
+  (then checked before any calibration);
 - quantization: `quant_rules` (a `QuantRules`: types, shared encodings, op constraints,
   hooks around calibration and onnxruntime's quantizer), or None (no EP-specific rules);
 - graph rewrites: `graph_rules()` (a `GraphRules`: the exact float rewrites the `prepare`
@@ -159,6 +161,10 @@ class ExecutionProvider:
     compile_options: Mapping[str, str] = field(default_factory=dict)
     # file names this EP's compiled artifacts match (serializers that are not reproducible)
     unreproducible_artifacts: str | None = None
+    # Whether a session on this EP can fail at graph finalization on a graph it accepted
+    # node by node (an NPU's allocation error naming no node): a build then
+    # checks each component there before any calibration (the `fail_fast` steps).
+    may_fail_to_finalize: bool = False
 
     # compatibility with runtime/providers' old table rows
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar, get_args, get_origin
 
@@ -13,7 +14,14 @@ from winml_recipes.sdk.errors import PlanError, check_known
 from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
 from winml_recipes.sdk.plugins import load_entry_points
 from winml_recipes.sdk.target import Target
-from winml_recipes.sdk.types import DataRead, ModelFacts, PlanContext, StepContext, StepResult
+from winml_recipes.sdk.types import (
+    DataRead,
+    LaterStep,
+    ModelFacts,
+    PlanContext,
+    StepContext,
+    StepResult,
+)
 
 ENTRY_POINT_GROUP = "winml_recipes.passes"
 ANY = frozenset({"*"})
@@ -58,6 +66,10 @@ class Pass(ABC, Generic[ConfigT]):
     # the step runs the component's model, e.g. to calibrate. A component whose steps read
     # this one (depends_on) draws its inputs the same way, from the model this step ran.
     sample_inputs: ClassVar[str | None] = None
+    # A check that fails fast: in a target's build, every component's steps up to and
+    # including such a step (when it runs) come before any component's later steps, so
+    # what it checks fails the build before any expensive step (calibration) starts.
+    fail_fast: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -115,6 +127,24 @@ class Pass(ABC, Generic[ConfigT]):
     def facts_after(self, facts: ModelFacts, config: ConfigT) -> ModelFacts:
         """The facts of this step's output, predicted at plan time."""
         return facts
+
+    def opens_on_target(self, config: ConfigT) -> bool:
+        """Whether the step opens the component's model on the target's execution
+        provider (verify on the target, compile): what a fail-fast check can check first."""
+        return False
+
+    def allows_cpu_fallback(self, config: ConfigT) -> bool:
+        """Whether, opening the model on the target's EP, the step lets refused nodes run
+        on the CPU EP."""
+        return False
+
+    def with_later_steps(
+        self, options: dict[str, Any], later: Sequence[LaterStep]
+    ) -> tuple[dict[str, Any], str | None]:
+        """The step's options completed from the steps after it in its component (planned,
+        with their skip reasons), and why it does nothing because of them (None: it runs).
+        Options it fills are part of its cache key and manifest record like the recipe's."""
+        return options, None
 
     @abstractmethod
     def run(self, src: Path | None, out_dir: Path, config: ConfigT, ctx: StepContext) -> StepResult:

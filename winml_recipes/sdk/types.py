@@ -80,6 +80,16 @@ class UpstreamComponent:
 
 
 @dataclass(frozen=True)
+class LaterStep:
+    """A step planned after another in the same component (`Pass.with_later_steps`)."""
+
+    impl: Any  # its Pass
+    options: Mapping[str, Any]  # as the recipe gives them, with the defaults filled in
+    config: Any  # the pass's typed config
+    skip: str | None  # why it does nothing (None: it runs)
+
+
+@dataclass(frozen=True)
 class PlanContext:
     """What a pass may know when its options are checked at plan time."""
 
