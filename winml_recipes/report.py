@@ -292,6 +292,8 @@ def _versions_section(build: BuildFolder) -> str:
     for record in m["components"].values():
         for s in record["steps"]:
             ep = s.get("metrics", {}).get("execution_provider") or {}
+            if not isinstance(ep, dict):  # a manifest written by another version
+                continue
             for k, v in (ep.get("versions") or {}).items():
                 if k not in seen and k not in m.get("versions", {}):
                     seen.add(k)

@@ -145,7 +145,7 @@ class PreflightPass(Pass[PreflightConfig]):
     def run(
         self, src: Path | None, out_dir: Path, config: PreflightConfig, ctx: StepContext
     ) -> StepResult:
-        from winml_recipes.sdk.runtime import availability, provider_for
+        from winml_recipes.sdk.runtime import availability, identity, provider_for
 
         assert src is not None
         ep = provider_for(ctx.target)
@@ -153,7 +153,10 @@ class PreflightPass(Pass[PreflightConfig]):
         if not avail.available:
             return StepResult(skipped=f"{ep.provider} not available here: {avail.reason}")
         fallback = bool(config.allow_cpu_fallback)
-        metrics: dict[str, Any] = {"execution_provider": ep.key, "cpu_fallback_allowed": fallback}
+        metrics: dict[str, Any] = {
+            "execution_provider": identity(ep.key),  # as verify and compile record it
+            "cpu_fallback_allowed": fallback,
+        }
         model = src
         if config.quantize is not None:
             model, metrics["quantized"] = _quantize(src, config, ctx)
