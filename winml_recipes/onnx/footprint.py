@@ -100,9 +100,7 @@ def _sizes(model: onnx.ModelProto, bytes_: bool = True) -> dict[str, int | None]
     return out
 
 
-def activation_elements(
-    path: Path, input_shapes: Mapping[str, Sequence[int]] | None = None
-) -> int:
+def activation_elements(path: Path, input_shapes: Mapping[str, Sequence[int]] | None = None) -> int:
     """Elements of every sized activation of the graph, summed."""
     from winml_recipes.onnx.io import load_model
 
