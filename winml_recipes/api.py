@@ -239,6 +239,7 @@ def compare(
     *,
     component: str | None = None,
     device: str = "npu",
+    ep: str | None = None,
     npz: str | None = None,
     samples: int = 2,
     seed: int = 0,
@@ -257,7 +258,8 @@ def compare(
     names), else what the build fed the component (the manifest's input contract, with the
     bundled photos for an image input), else seeded data shaped as the candidate takes it;
     `ranges` ([low, high), integers high-exclusive) or allowed `values` per input name
-    override the synthetic ones.
+    override the synthetic ones. `ep`: the EP plugin the candidate runs on (default: the
+    one the build targeted, else the device's default).
     """
     import tempfile
 
@@ -307,9 +309,15 @@ def compare(
             if bundled_image_input(contract) is not None:
                 inputs_from += ", bundled photos (held-out set) for the image input"
     feeds = take(factory, samples)
+    if ep is None and built is not None:
+        ep = built.manifest.get("target", {}).get("ep") or None
+    if ep is not None:
+        from winml_recipes.sdk.ep import check_serves, get_ep
+
+        check_serves(get_ep(ep), device)
     with tempfile.TemporaryDirectory(prefix="winml-compare-") as tmp:
         try:
-            rows, record = compare_tensors(candidate, reference, feeds, device, Path(tmp))
+            rows, record = compare_tensors(candidate, reference, feeds, device, Path(tmp), ep)
         except WinmlError as exc:
             exc.where = str(candidate)  # not the temporary copy
             raise

@@ -193,6 +193,8 @@ def plan(recipe, device, precision, ep, defines, catalog_dir, source, as_json) -
             opts = f" {json.dumps(s.options, sort_keys=True)}" if s.options else ""
             state = f"skip: {s.skip}" if s.skip else "run"
             click.echo(f"    {s.index + 1}. {s.name}{opts}  [{state}]")
+        for note in comp.notes:
+            click.echo(f"    note: {note}")
     first = [f"{c.name} 1-{c.checked_first}" for c in the_plan.components if c.checked_first]
     if first:  # fail-fast steps (Pass.fail_fast) and those before them
         click.echo(f"  checked first, before any other step: {', '.join(first)}")
@@ -697,6 +699,12 @@ _TENSOR_WIDTH = 34
 )
 @click.option("--device", default="npu", show_default=True, help="Target device (its EP runs).")
 @click.option(
+    "--ep",
+    default=None,
+    help="Execution provider plugin to run the candidate on (default: the EP the build "
+    "targeted, else the device's default).",
+)
+@click.option(
     "--npz",
     help="Input samples: a .npz file or glob (default: what the build fed the component, "
     "else seeded data shaped as the candidate takes it).",
@@ -734,7 +742,7 @@ _TENSOR_WIDTH = 34
 @click.option("--all", "show_all", is_flag=True, help="List every layer (ranked).")
 @click.option("--json", "as_json", is_flag=True)
 def compare(
-    candidate, reference, component, device, npz, samples, seed, threshold_db, ranges, values,
+    candidate, reference, component, device, ep, npz, samples, seed, threshold_db, ranges, values,
     top, show_all, as_json,
 ):  # fmt: skip
     """Where a QDQ CANDIDATE loses precision on the target: it runs on the device's
@@ -756,6 +764,7 @@ def compare(
         reference,
         component=component,
         device=device,
+        ep=ep,
         npz=npz,
         samples=samples,
         seed=seed,

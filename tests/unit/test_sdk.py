@@ -268,3 +268,25 @@ def test_a_subclass_of_a_configured_pass_keeps_its_config_and_schema() -> None:
     assert LouderStamp.config_type is StampConfig
     assert LouderStamp.options_schema == config_schema(StampConfig)
     assert LouderStamp().make_config({"copies": 3}) == StampConfig(copies=3)
+
+
+def _npu_w8a16(recipe: Path) -> Path:
+    recipe.write_text(recipe.read_text().replace("precision: fp32}", "precision: w8a16}"))
+    return recipe
+
+
+def test_a_step_list_that_loses_the_eps_float_rewrites_is_told(tmp_path):
+    """Quantizing for an EP with float rewrites (QNN HTP's) without `prepare` before it:
+    the plan says so (they are not applied otherwise); listing prepare, even with no
+    stages, or a target whose EP has none, says nothing."""
+    lost = _npu_w8a16(make_mlp_project(tmp_path / "lost", steps="[fix_shapes, quantize]"))
+    (note,) = api.plan(lost, device="npu", precision="w8a16").notes
+    assert "no 'prepare' step before 'quantize'" in note and "qnn" in note
+    for name, steps in {
+        "listed": "[fix_shapes, prepare, quantize]",
+        "said": "[fix_shapes, {prepare: {stages: []}}, quantize]",
+    }.items():
+        recipe = _npu_w8a16(make_mlp_project(tmp_path / name, steps=steps))
+        assert api.plan(recipe, device="npu", precision="w8a16").notes == ()
+    cpu = _int8(make_mlp_project(tmp_path / "cpu", steps="[quantize]"))
+    assert api.plan(cpu, device="cpu", precision="int8").notes == ()

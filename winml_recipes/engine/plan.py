@@ -38,6 +38,7 @@ class ComponentPlan:
     contract: IOContract
     facts: ModelFacts
     steps: list[PlannedStep] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # advice for the person building it
 
     @property
     def depends_on(self) -> tuple[str, ...]:
@@ -66,6 +67,11 @@ class Plan:
     recipe: Recipe
     target: Target
     components: list[ComponentPlan]  # in build order (dependencies first)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """Advice from planning (nothing wrong enough to refuse the build)."""
+        return tuple(n for c in self.components for n in c.notes)
 
     @property
     def feeding(self) -> set[str]:
@@ -98,6 +104,7 @@ class Plan:
                     # its first steps, run before any component's later ones (fail fast)
                     "checked_first": c.checked_first,
                 }
+                | ({"notes": list(c.notes)} if c.notes else {})
                 for c in self.components
             },
         }
@@ -165,6 +172,7 @@ def _plan_component(
         if skip is None:
             facts = impl.facts_after(facts, config)
     _complete_from_later_steps(plan, recipe)
+    plan.notes += _missing_ep_rewrites(plan, target)
     reads = [r for s in plan.steps if s.skip is None for r in s.impl.data_reads(s.config)]
     if reads:
         from winml_recipes.feeds import check_disjoint
@@ -200,6 +208,31 @@ def _complete_from_later_steps(plan: ComponentPlan, recipe: Recipe) -> None:
                 raise PlanError(exc.message, where=exc.where or where) from None
             step.options = options
         step.skip = skip
+
+
+def _missing_ep_rewrites(plan: ComponentPlan, target: Target) -> list[str]:
+    """A note when a step quantizes for an EP that has exact float rewrites (its plugin's
+    `GraphRules`) and no earlier step applies them (`Pass.makes` "ep_prepared"): a recipe
+    with its own step list would otherwise lose them without a word."""
+    from winml_recipes.sdk.ep import get_ep
+
+    if not target.execution_provider:
+        return []
+    rules = get_ep(target.execution_provider).graph_rules()
+    if rules is None:
+        return []
+    for step in plan.steps:
+        if "ep_prepared" in step.impl.makes:
+            return []  # listed, even with no stages: the recipe said what it wants
+        if step.skip is None and "integer" in step.impl.makes:
+            maker = pass_making("ep_prepared")
+            return [
+                f"{plan.name}: no '{maker}' step before '{step.name}': the "
+                f"{target.execution_provider} plugin's float rewrites ({rules.name}) are not "
+                f"applied; list '{maker}' before '{step.name}' (or `{maker}: {{stages: []}}` "
+                f"to say it is meant)"
+            ]
+    return []
 
 
 def _precision_mismatch(facts: ModelFacts, target) -> str | None:

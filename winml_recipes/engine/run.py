@@ -127,6 +127,8 @@ def run_plan(
     reporter = reporter or Reporter()
     budget_mb = resolve_budget(memory_budget)
     check_sources_fit(plan, budget_mb)
+    for note in plan.notes:
+        reporter.message(f"note: {note}")
 
     def build(staging: Path) -> dict[str, tuple[list[StepRecord], ChainState]]:
         # Fail-fast checks first: every component's steps up to its last fail-fast step

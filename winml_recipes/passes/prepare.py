@@ -68,6 +68,7 @@ class PreparePass(Pass[PrepareConfig]):
         "exact on the CPU EP."
     )
     uses_contract = True
+    makes = frozenset({"ep_prepared"})  # the target EP's float rewrites (its `ep` stage)
     # the `ep` stage runs the target EP's rules (the key holds the target and its plugin's code)
     target_dependent = True
 
