@@ -20,7 +20,7 @@ from winml_recipes.graph.fold import RULE_FOLD, RULE_IF
 from winml_recipes.graph.gathernd import RULE as RULE_GATHERND
 from winml_recipes.graph.pipeline import prepare
 from winml_recipes.graph.recurrent import RULE_GRU, RULE_LSTM
-from winml_recipes.onnx.runtime import run_model
+from winml_recipes.runtime.sessions import run_model
 
 
 def _ops(model: onnx.ModelProto) -> Counter:

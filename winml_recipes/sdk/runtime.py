@@ -3,7 +3,7 @@ availability, options), sessions on it, runs on the target with placement and fa
 EPContext compilation, bisection of what an EP refuses, the CPU EP's reference run and
 output comparison metrics.
 
-A facade over runtime/*.py and onnx/runtime.py, onnx/metrics.py (see sdk/models.py for
+A facade over runtime/*.py and onnx/metrics.py (see sdk/models.py for
 why passes import from here).
 """
 
@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names, for type checkers and editors
     from winml_recipes.onnx.metrics import compare_runs
-    from winml_recipes.onnx.runtime import run_model as run_reference
     from winml_recipes.runtime.bisect import explain
     from winml_recipes.runtime.epcontext import compile_epcontext
     from winml_recipes.runtime.providers import (
@@ -23,6 +22,7 @@ if TYPE_CHECKING:  # the names, for type checkers and editors
         provider_for_device,
     )
     from winml_recipes.runtime.sessions import open_session, optimize_offline, run_model
+    from winml_recipes.runtime.sessions import run_model as run_reference
     from winml_recipes.runtime.target import run_on_target
 
 __all__ = [
@@ -48,7 +48,8 @@ def __getattr__(name: str) -> Any:
 
         return getattr(module, name)
     if name == "run_reference":
-        from winml_recipes.onnx.runtime import run_model as run_reference
+        # the CPU EP's run (the default EP of runtime.sessions.run_model)
+        from winml_recipes.runtime.sessions import run_model as run_reference
 
         return run_reference
     if name == "explain":
