@@ -43,7 +43,12 @@ def cell(name: str, variant: str) -> dict:
     from winml_recipes import api
 
     p = models.prepare(name)
-    row = {"model": name, "variant": variant, "metric": p.entry.metric_name}
+    row = {
+        "model": name,
+        "variant": variant,
+        "metric": p.entry.metric_name,
+        "task_name": p.entry.task,
+    }
     with tempfile.TemporaryDirectory(prefix=f"algos-{name}-") as tmp:
         work = Path(tmp)
         started = time.perf_counter()
@@ -57,6 +62,7 @@ def cell(name: str, variant: str) -> dict:
                 result = api.build_onnx(
                     p.model, device="npu", precision=precision, calibration_data=str(p.calib),
                     eval_data=str(p.heldout), output_root=work / "out", use_cache=False,
+                    task=p.entry.task,
                 )  # fmt: skip
                 built = result.models["model"]
                 row |= _kept(result.manifest)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.corpus.metrics import ctc_decode, edit_distance
+from winml_recipes.metrics.text import ctc_decode, edit_distance
 
 Feed = dict[str, np.ndarray]
 

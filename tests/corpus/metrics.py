@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from winml_recipes.sdk.metrics import TaskMetric
+
 Outputs = dict[str, np.ndarray]
 Metric = Callable[[Sequence[Outputs], Sequence[Outputs]], float]
 
@@ -49,86 +51,12 @@ def cosine(output: str | int = 0) -> Metric:
     return score
 
 
-def ctc_decode(ids: np.ndarray, blank: int = 0) -> list[int]:
-    """Greedy CTC: repeats merged, blanks dropped."""
-    out, last = [], None
-    for k in np.asarray(ids).reshape(-1).tolist():
-        if k != last and k != blank:
-            out.append(k)
-        last = k
-    return out
-
-
-def edit_distance(a: list[int], b: list[int]) -> int:
-    """Levenshtein distance of two label sequences."""
-    row = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        prev, row[0] = row[0], i
-        for j, y in enumerate(b, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
-    return row[-1]
-
-
-def characters(output: str | int = 0, argmax: bool = True, blank: int = 0) -> Metric:
-    """1 - character error rate of the candidate's CTC-decoded text against float's.
-    `argmax=False` when the model already outputs class ids."""
-
-    def decode(x: np.ndarray) -> list[int]:
-        return ctc_decode(x.argmax(-1) if argmax else x, blank)
+def plugin(metric: TaskMetric, value: str) -> Metric:
+    """One value of the tool's task metric plugin (what `build --task` judges by): box F1
+    (winml_recipes/metrics/detection.py), CTC character agreement (metrics/text.py)."""
 
     def score(ref: Sequence[Outputs], cand: Sequence[Outputs]) -> float:
-        errors = total = 0
-        for r, c in zip(ref, cand, strict=True):
-            want = decode(_out(r, output))
-            errors += edit_distance(want, decode(_out(c, output)))
-            total += max(1, len(want))
-        return max(0.0, 1.0 - errors / total)
-
-    return score
-
-
-def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """IoU matrix of xyxy boxes [n, 4] x [m, 4]."""
-    lt = np.maximum(a[:, None, :2], b[None, :, :2])
-    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.prod(np.clip(rb - lt, 0, None), -1)
-    area = lambda x: np.prod(np.clip(x[:, 2:] - x[:, :2], 0, None), -1)  # noqa: E731
-    return inter / (area(a)[:, None] + area(b)[None] - inter + 1e-9)
-
-
-def nms(boxes: np.ndarray, scores: np.ndarray, iou: float) -> np.ndarray:
-    """Indices kept by greedy non-maximum suppression."""
-    order, keep = np.argsort(-scores), []
-    while order.size:
-        i = order[0]
-        keep.append(i)
-        order = order[1:][box_iou(boxes[i : i + 1], boxes[order[1:]])[0] <= iou]
-    return np.asarray(keep, np.int64)
-
-
-Detections = tuple[np.ndarray, np.ndarray]  # boxes [n, 4] xyxy, labels [n]
-
-
-def box_f1(decode: Callable[[Outputs], Detections], iou: float = 0.5) -> Metric:
-    """F1 of the candidate's detections against float's (after the model's own decoding and
-    NMS): a detection matches a float one of the same label at IoU >= `iou`, greedily."""
-
-    def score(ref: Sequence[Outputs], cand: Sequence[Outputs]) -> float:
-        tp = fp = fn = 0
-        for r, c in zip(ref, cand, strict=True):
-            (rb, rl), (cb, cl) = decode(r), decode(c)
-            used: set[int] = set()
-            m = box_iou(cb, rb) if len(cb) and len(rb) else np.zeros((len(cb), len(rb)))
-            for i in range(len(cb)):
-                ok = [j for j in np.argsort(-m[i]) if j not in used and m[i, j] >= iou
-                      and rl[j] == cl[i]]  # fmt: skip
-                if ok:
-                    used.add(ok[0])
-                    tp += 1
-                else:
-                    fp += 1
-            fn += len(rb) - len(used)
-        return 1.0 if tp + fp + fn == 0 else 2 * tp / (2 * tp + fp + fn)
+        return float(metric.values(ref, cand)[value])
 
     return score
 

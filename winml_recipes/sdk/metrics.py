@@ -43,6 +43,11 @@ class TaskMetric(ABC):
     def outputs_used(self, contract: IOContract) -> tuple[str, ...] | None:
         """The outputs this metric reads, or None when the component lacks them."""
 
+    def for_contract(self, contract: IOContract) -> TaskMetric:
+        """This metric bound to one component (e.g. its input size, for a metric that sizes
+        anchor grids); the default needs nothing from it."""
+        return self
+
     @abstractmethod
     def values(
         self, reference: Sequence[Outputs], candidate: Sequence[Outputs]
@@ -66,5 +71,5 @@ def metric_for(task: str | None, contract: IOContract) -> TaskMetric | None:
         return None
     for metric in task_metrics().values():
         if task in metric.tasks and metric.outputs_used(contract) is not None:
-            return metric
+            return metric.for_contract(contract)
     return None
