@@ -137,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args.side, args.model, args.cap_gb, args.variants.split(","))
     out = REPO / "bench" / "out"
     out.mkdir(exist_ok=True)
-    (out / "algorithm_memory.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"algorithm_memory_{result['side']}.json").write_text(
+        json.dumps(result, indent=2) + "\n"
+    )
     print(f"quantize algorithms, sam3-mid vision encoder at {result['side']} px, "
           f"npu/w8a16, {result['samples']} calibration samples")  # fmt: skip
     print(f"{'variant':24} {'quantize s':>10} {'tuning s':>9} {'peak MB':>9} {'x plain':>8}")
