@@ -18,6 +18,9 @@
   plain script, whole processes; the CPU-time ratio must stay at or below 1.05.
 - sam3-mid (bench/mid.py): wall time and peak RSS per step of the npu/w8a16 build at the
   full-size shapes, against one fp32 forward pass of its encoder.
+- algorithm memory (bench/algorithm_memory.py): peak RSS and wall time of quantize with
+  seqmse / bias_correction against plain calibration on sam3-mid's vision encoder (504 px,
+  npu/w8a16, same samples, fresh processes); the peak ratio must stay at or below 1.5.
 - quantize algorithms (bench/algorithms.py): mtcnn-pnet at npu/uint8 with plain ranges,
   `algorithms: auto` and onnxruntime's QNN recipe, box F1 on QNN HTP (a few minutes; the
   other corpus rows: `python bench/algorithms.py --models ... --variants ...`).
@@ -123,6 +126,10 @@ def main() -> int:
     import mid
 
     mid.main()
+    print()
+    import algorithm_memory
+
+    memory_ok &= algorithm_memory.main([]) == 0
     print()
     import algorithms
 

@@ -113,6 +113,37 @@ class LayerRunner:
         return self.session.run(None, {"x": x, "w": w.astype(np.float32)})[0]
 
 
+# Rows of a layer input folded into its second moment per block (bounds the f32 product).
+_MOMENT_ROWS = 8192
+
+
+def second_moment_rows(layer: Layer, inputs: list[np.ndarray]) -> list[np.ndarray] | None:
+    """For a MatMul/Gemm, one input R [K, K] with R^T R = the sum of X^T X over every row of
+    every sample (X: an input reshaped to [rows, K]): the layer's summed squared output error
+    for any weight change D is then sum((R @ D) ** 2) per channel, as over the real inputs,
+    at K rows instead of all of them. None when that would not be fewer rows (or a Conv)."""
+    if layer.op not in ("MatMul", "Gemm") or any(x.ndim < 2 for x in inputs):
+        return None
+    k = inputs[0].shape[-1]
+    if sum(x.size // k for x in inputs) <= k:
+        return None
+    gram = np.zeros((k, k), np.float64)
+    for x in inputs:
+        rows = x.reshape(-1, k)
+        for start in range(0, rows.shape[0], _MOMENT_ROWS):
+            block = rows[start : start + _MOMENT_ROWS].astype(np.float32)
+            gram += block.T @ block
+    # Cholesky of the (possibly rank-deficient) Gram matrix, with a jitter of its scale;
+    # an eigendecomposition when even that fails.
+    jitter = 1e-10 * max(float(np.trace(gram)) / k, 1e-30)
+    try:
+        root = np.linalg.cholesky(gram + jitter * np.eye(k)).T
+    except np.linalg.LinAlgError:
+        vals, vecs = np.linalg.eigh(gram)
+        root = np.sqrt(np.clip(vals, 0, None))[:, None] * vecs.T
+    return [root.astype(np.float32)]
+
+
 def per_channel(y: np.ndarray, axis: int, reduce: str = "sum") -> np.ndarray:
     """Sum (or mean) of `y` over every axis but `axis`."""
     moved = np.moveaxis(y, axis, -1).reshape(-1, y.shape[axis])

@@ -108,6 +108,7 @@ def tune_weights(
         fake_quant,
         initializer,
         quantized_weights,
+        second_moment_rows,
         set_initializer,
         weight_layers,
     )
@@ -144,7 +145,11 @@ def tune_weights(
             run = LayerRunner(model, la)
             w_q = spec.dequantized
             if "seqmse" in algorithms:
-                ratio, before, after = seqmse.choose_ratio(la, w, spec, inputs, run)
+                # MatMul/Gemm: the output error over K rows with the inputs' second moment
+                # (exact), instead of every row of every sample
+                folded = second_moment_rows(la, inputs) or inputs
+                ratio, before, after = seqmse.choose_ratio(la, w, spec, folded, run)
+                del folded
                 if after < before * (1 - SEQMSE_MIN_GAIN):
                     clipped = seqmse.apply(w, spec, ratio)
                     set_initializer(model, la.weight, clipped)
