@@ -17,7 +17,9 @@
   against the same onnxruntime calls (quantize_static, float and quantized sessions) in a
   plain script, whole processes; the CPU-time ratio must stay at or below 1.05.
 - sam3-mid (bench/mid.py): wall time and peak RSS per step of the npu/w8a16 build at the
-  full-size shapes, against one fp32 forward pass of its encoder.
+  full-size shapes, against one fp32 forward pass of its encoder; and the quantize step's
+  calibration of the 1008 px encoder against a plain onnxruntime forward, per sample on
+  the same 2 inputs (bench/sam3_full.py calibration): the ratio must stay at or below 1.3.
 - quantize algorithms (bench/algorithms.py): mtcnn-pnet at npu/uint8 with plain ranges,
   `algorithms: auto` and onnxruntime's QNN recipe, box F1 on QNN HTP (a few minutes; the
   other corpus rows: `python bench/algorithms.py --models ... --variants ...`).
@@ -122,7 +124,7 @@ def main() -> int:
     print()
     import mid
 
-    mid.main()
+    ok &= mid.main() == 0
     print()
     import algorithms
 

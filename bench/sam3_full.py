@@ -4,6 +4,8 @@ seeded random weights) in the onnx-community layout.
 
     python bench/sam3_full.py standin DIR    # export the stand-in into DIR (about 10 min)
     python bench/sam3_full.py build DIR      # serve DIR on 127.0.0.1, build npu/w8a16
+    python bench/sam3_full.py calibration DIR|MODEL [--samples N]
+                                             # calibration vs a plain float forward, per sample
 
 The stand-in holds what the published repo holds: float32 `onnx/vision_encoder.onnx` (+
 `vision_encoder.onnx_data`) and `onnx/prompt_encoder_mask_decoder.onnx`, and their
@@ -139,10 +141,102 @@ def serve_and_build(folder: Path, device: str, precision: str, extra: list[str])
             "manifest": manifest}  # fmt: skip
 
 
+# One side of the calibration comparison, in a fresh interpreter (its own peak RSS).
+_SIDE = """
+import json, sys, time
+import numpy as np
+import onnxruntime as ort
+from winml_recipes.runtime.memory import peak_rss_mb
+mode, model, samples = sys.argv[1], sys.argv[2], int(sys.argv[3])
+started = time.perf_counter()
+marks = []
+def feeds():
+    for i in range(samples):
+        marks.append(time.perf_counter())
+        yield {{name: np.random.default_rng(i).uniform(-1, 1, shape).astype(np.float32)
+                for name, shape in {shapes!r}.items()}}
+    marks.append(time.perf_counter())
+if mode == "forward":  # what a user's script does: a default session, the same threads
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = {threads}
+    session = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    for feed in feeds():
+        session.run(None, feed)
+        del feed
+else:  # the quantize step's calibration (minmax, its tensor selection)
+    from winml_recipes.onnx.io import load_model
+    from winml_recipes.quant.calibrate import CalibrationSettings, calibrate, tensors_to_calibrate
+    tensors = tensors_to_calibrate(load_model(model, load_external_data=False))
+    ranges = calibrate(model, feeds, CalibrationSettings("minmax"), tensors=tensors)
+    assert len(ranges) == len(tensors)
+ended = time.perf_counter()
+print(json.dumps({{"setup_s": marks[0] - started, "per_sample_s": (marks[-1] - marks[0]) / samples,
+                  "samples_s": [b - a for a, b in zip(marks, marks[1:])],
+                  "total_s": ended - started, "peak_rss_mb": peak_rss_mb()}}))
+"""
+CALIBRATION_MAX_RATIO = 1.3  # issue 25: calibration per sample <= 1.3x a plain forward
+
+
+def calibration_vs_forward(model: Path, samples: int = 2) -> dict:
+    """The quantize step's calibration of `model` against a plain onnxruntime float forward
+    on the same inputs, each in a fresh process: seconds per sample and peak RSS."""
+    import onnx
+
+    from winml_recipes.runtime.sessions import INTRA_OP_THREADS
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    inits = {t.name for t in graph.initializer}
+    shapes = {
+        i.name: tuple(d.dim_value or 1 for d in i.type.tensor_type.shape.dim)
+        for i in graph.input
+        if i.name not in inits
+    }
+    del graph
+    code = _SIDE.format(shapes=shapes, threads=INTRA_OP_THREADS)
+    out = {}
+    for mode in ("forward", "calibrate"):
+        done = subprocess.run(
+            [sys.executable, "-c", code, mode, str(model), str(samples)],
+            cwd=REPO, stdout=subprocess.PIPE, text=True, check=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        out[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+    f, c = out["forward"], out["calibrate"]
+    return {
+        "model": str(model),
+        "samples": samples,
+        "inputs": {k: list(v) for k, v in shapes.items()},
+        "forward": f,
+        "calibration": c,
+        "ratio_per_sample": round(c["per_sample_s"] / f["per_sample_s"], 3),
+        "ratio_total": round(c["total_s"] / f["total_s"], 3),
+        "ratio_peak_rss": round(c["peak_rss_mb"] / f["peak_rss_mb"], 3),
+        "target_ratio_at_most": CALIBRATION_MAX_RATIO,
+    }
+
+
+def print_calibration(r: dict) -> bool:
+    f, c = r["forward"], r["calibration"]
+    print(f"calibration vs plain forward ({Path(r['model']).name}, {r['samples']} samples)")
+    for name, x in (("plain forward", f), ("calibration", c)):
+        print(
+            f"  {name:<14} setup {x['setup_s']:6.1f} s  per sample {x['per_sample_s']:7.2f} s"
+            f"  total {x['total_s']:7.1f} s  peak {x['peak_rss_mb']:.0f} MB"
+        )
+    ok = r["ratio_per_sample"] <= r["target_ratio_at_most"]
+    print(
+        f"  ratio per sample {r['ratio_per_sample']:.3f} (target <= {r['target_ratio_at_most']}), "
+        f"total {r['ratio_total']:.3f}, peak RSS {r['ratio_peak_rss']:.3f}: "
+        + ("PASS" if ok else "FAIL")
+    )
+    return ok
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=["standin", "build"])
+    parser.add_argument("action", choices=["standin", "build", "calibration"])
     parser.add_argument("folder", type=Path)
+    parser.add_argument("--samples", type=int, default=2, help="calibration: samples per side")
     parser.add_argument("--device", default="npu")
     parser.add_argument("--precision", default="w8a16")
     args, extra = parser.parse_known_args()
@@ -154,6 +248,15 @@ def main() -> int:
     if args.action == "standin":
         make_standin(args.folder)
         return 0
+    if args.action == "calibration":
+        model = args.folder
+        if model.is_dir():
+            model = model / "onnx" / f"{NAMES[0]}.onnx"
+        r = calibration_vs_forward(model, args.samples)
+        out = REPO / "bench" / "out"
+        out.mkdir(exist_ok=True)
+        (out / "sam3_full_calibration.json").write_text(json.dumps(r, indent=2) + "\n")
+        return 0 if print_calibration(r) else 1
     r = serve_and_build(args.folder, args.device, args.precision, extra)
     out = REPO / "bench" / "out"
     out.mkdir(exist_ok=True)
