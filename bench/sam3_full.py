@@ -3,6 +3,8 @@ SAM 3 tracker stand-in (transformers' default `Sam3TrackerConfig`, 458 M paramet
 seeded random weights) in the onnx-community layout.
 
     python bench/sam3_full.py standin DIR    # export the stand-in into DIR (about 10 min)
+        [--exporter dynamo]                  # a plain torch.onnx.export(dynamo=True) script
+        [--size mid|tiny]                    # sam3-mid's / sam3-tiny's config (to try it)
     python bench/sam3_full.py build DIR      # serve DIR on 127.0.0.1, build npu/w8a16
     python bench/sam3_full.py calibration DIR|MODEL [--samples N]
                                              # calibration vs a plain float forward, per sample
@@ -44,52 +46,150 @@ components:
 """
 
 
-def make_standin(folder: Path) -> None:
-    """Export the full-size stand-in with this tool and lay it out like the published repo."""
-    import onnx
-    import yaml
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+SIZES = ("full", "mid", "tiny")  # full: transformers' default config; else the catalog's
+EXPORTERS = ("tool", "dynamo")  # this tool's exporter, or a plain torch.onnx.export script
 
-    from winml_recipes import api
+# What someone outside this project writes (like ../shared/repro/sam3-decoder-other-export):
+# plain torch.onnx.export(dynamo=True) of two wrappers, batch and point count dynamic, then
+# laid out as onnx-community publishes it. Imports nothing of this tool.
+_DYNAMO_SCRIPT = """
+import json, sys
+import onnx, torch
+from transformers import AutoConfig, Sam3TrackerModel
+
+fields = json.loads(sys.argv[1])
+out = sys.argv[2]
+config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+torch.manual_seed(0)
+model = Sam3TrackerModel(config).float().eval()
+size = config.vision_config.image_size
+size = int(size[0] if isinstance(size, (list, tuple)) else size)
+
+
+class Vision(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, pixel_values):
+        return tuple(self.m.get_image_embeddings(pixel_values))
+
+
+class Decoder(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_points, input_labels, input_boxes, e0, e1, e2):
+        o = self.m(image_embeddings=[e0, e1, e2], input_points=input_points,
+                   input_labels=input_labels, input_boxes=input_boxes, multimask_output=True)
+        return o.iou_scores, o.pred_masks, o.object_score_logits
+
+
+def publish(path, name):  # the dynamo exporter writes X.onnx.data; onnx-community: X.onnx_data
+    m = onnx.load(path)
+    onnx.save_model(m, f"{out}/{name}.onnx", save_as_external_data=True,
+                    location=f"{name}.onnx_data", size_threshold=1024)
+
+
+dyn = torch.export.Dim.DYNAMIC
+embeddings = ["image_embeddings.0", "image_embeddings.1", "image_embeddings.2"]
+with torch.no_grad():
+    x = torch.rand(1, 3, size, size) * 2 - 1
+    e = Vision(model)(x)
+    torch.onnx.export(Vision(model), (x,), f"{out}/tmp_vision.onnx", dynamo=True,
+                      input_names=["pixel_values"], output_names=embeddings,
+                      dynamic_shapes=({0: dyn},))
+    publish(f"{out}/tmp_vision.onnx", "vision_encoder")
+    points = torch.tensor([[[[0.3, 0.4], [0.6, 0.5]]]]) * size
+    labels = torch.tensor([[[1, 0]]], dtype=torch.int64)
+    boxes = torch.tensor([[[0.1, 0.2, 0.7, 0.9]]]) * size
+    torch.onnx.export(Decoder(model), (points, labels, boxes, *e), f"{out}/tmp_decoder.onnx",
+                      dynamo=True,
+                      input_names=["input_points", "input_labels", "input_boxes", *embeddings],
+                      output_names=["iou_scores", "pred_masks", "object_score_logits"],
+                      dynamic_shapes=({0: dyn, 2: dyn}, {0: dyn, 2: dyn}, {0: dyn},
+                                      {0: dyn}, {0: dyn}, {0: dyn}))
+    publish(f"{out}/tmp_decoder.onnx", "prompt_encoder_mask_decoder")
+"""
+
+
+def _catalog_entry(size: str) -> dict:
+    """The catalog entry the stand-in is made from (sam3-mid's layout; its config replaced by
+    transformers' default for `full`, by sam3-tiny's for `tiny`)."""
+    import yaml
+
     from winml_recipes.catalog import builtin_catalog_dir
 
-    mid = yaml.safe_load((builtin_catalog_dir() / "sam3-mid.yaml").read_text())
-    mid["name"] = "sam3-standin"
-    for comp in mid["components"].values():
-        comp["source"] = {"seed": 0, "config": {"model_type": "sam3_tracker"}}
+    name = "sam3-tiny" if size == "tiny" else "sam3-mid"
+    entry = yaml.safe_load((builtin_catalog_dir() / f"{name}.yaml").read_text())
+    entry["name"] = "sam3-standin"
+    if size == "full":
+        for comp in entry["components"].values():
+            comp["source"] = {"seed": 0, "config": {"model_type": "sam3_tracker"}}
+    return entry
+
+
+def _export_with_tool(entry: dict, onnx_dir: Path) -> None:
+    import onnx
+    import yaml
+
+    from winml_recipes import api
+
     with tempfile.TemporaryDirectory(prefix="sam3-standin-") as tmp:
         t = Path(tmp)
         (t / "catalog").mkdir()
-        (t / "catalog" / "sam3-standin.yaml").write_text(yaml.safe_dump(mid, sort_keys=False))
+        (t / "catalog" / "sam3-standin.yaml").write_text(yaml.safe_dump(entry, sort_keys=False))
         (t / "recipe.yaml").write_text(_EXPORT_RECIPE)
-        started = time.perf_counter()
         result = api.build(
             t / "recipe.yaml",
             catalog_dir=t / "catalog",
             output_root=t / "out",
             cache_dir=t / "cache",
         )
-        print(f"exported in {time.perf_counter() - started:.0f} s", flush=True)
-        onnx_dir = folder / "onnx"
-        onnx_dir.mkdir(parents=True, exist_ok=True)
         for name in NAMES:
-            comp = name
-            model = onnx.load(str(result.models[comp]))
-            target = onnx_dir / f"{name}.onnx"
+            model = onnx.load(str(result.models[name]))
             onnx.save_model(
                 model,
-                str(target),
+                str(onnx_dir / f"{name}.onnx"),
                 save_as_external_data=True,
                 location=f"{name}.onnx_data",
                 size_threshold=1024,
             )
             del model
-            quantize_dynamic(
-                str(target),
-                str(onnx_dir / f"{name}_int8.onnx"),
-                weight_type=QuantType.QUInt8,
-            )
-            print(f"{comp}: float32 and int8 written", flush=True)
+
+
+def _export_with_dynamo_script(entry: dict, onnx_dir: Path) -> None:
+    config = entry["components"]["vision_encoder"]["source"]["config"]
+    subprocess.run(
+        [sys.executable, "-c", _DYNAMO_SCRIPT, json.dumps(config), str(onnx_dir)],
+        check=True, cwd=onnx_dir,
+    )  # fmt: skip
+    for leftover in onnx_dir.glob("tmp_*"):
+        leftover.unlink()
+
+
+def make_standin(folder: Path, exporter: str = "tool", size: str = "full") -> None:
+    """Export the stand-in (this tool's exporter, or a plain dynamo script) and lay it out like
+    the published repo, with `quantize_dynamic(QUInt8)` `_int8` variants beside."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    onnx_dir = folder / "onnx"
+    onnx_dir.mkdir(parents=True, exist_ok=True)
+    entry = _catalog_entry(size)
+    started = time.perf_counter()
+    if exporter == "dynamo":
+        _export_with_dynamo_script(entry, onnx_dir)
+    else:
+        _export_with_tool(entry, onnx_dir)
+    print(f"exported ({exporter}, {size}) in {time.perf_counter() - started:.0f} s", flush=True)
+    for name in NAMES:
+        quantize_dynamic(
+            str(onnx_dir / f"{name}.onnx"),
+            str(onnx_dir / f"{name}_int8.onnx"),
+            weight_type=QuantType.QUInt8,
+        )
+        print(f"{name}: float32 and int8 written", flush=True)
 
 
 def serve_and_build(folder: Path, device: str, precision: str, extra: list[str]) -> dict:
@@ -237,6 +337,13 @@ def main() -> int:
     parser.add_argument("action", choices=["standin", "build", "calibration"])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--samples", type=int, default=2, help="calibration: samples per side")
+    parser.add_argument(
+        "--exporter", choices=EXPORTERS, default="tool",
+        help="standin: this tool's exporter, or a plain torch.onnx.export(dynamo=True) script",
+    )  # fmt: skip
+    parser.add_argument(
+        "--size", choices=SIZES, default="full", help="standin: full, or sam3-mid/-tiny's config"
+    )
     parser.add_argument("--device", default="npu")
     parser.add_argument("--precision", default="w8a16")
     args, extra = parser.parse_known_args()
@@ -246,7 +353,7 @@ def main() -> int:
     if args.action == "build" and not any("stand_in" in e for e in extra):
         extra += ["-D", "stand_in=true"]
     if args.action == "standin":
-        make_standin(args.folder)
+        make_standin(args.folder, args.exporter, args.size)
         return 0
     if args.action == "calibration":
         model = args.folder
