@@ -6,6 +6,8 @@ with an empty cache; the baseline, measured in the same run, is one fp32 forward
 its float vision encoder on the CPU EP (time and peak RSS, in its own process). Each step's
 wall time and the build's peak RSS when the step ended are reported as multiples of it,
 with the step's own memory estimate (checked against the budget before it ran) beside it.
+Then the quantize step's calibration of the encoder against a plain onnxruntime forward
+pass, per sample on the same 2 inputs (`bench/sam3_full.py calibration`, target <= 1.3x).
 
     python bench/mid.py      # takes several minutes
 """
@@ -61,6 +63,12 @@ def run() -> dict:
         fp32 = build("cpu", "fp32")
         encoder = Path(tmp) / "out" / "sam3-mid" / "cpu-fp32" / "vision_encoder" / "model.onnx"
         base = json.loads(_run([sys.executable, "-c", _FORWARD.format(model=str(encoder))]))
+        # the float model the npu build calibrated (after its fix_shapes and prepare)
+        calibrated = encoder.parents[2] / "npu-w8a16" / "float-reference" / encoder.parent.name
+        sys.path.insert(0, str(REPO / "bench"))
+        import sam3_full
+
+        calibration = sam3_full.calibration_vs_forward(calibrated / "model.onnx", samples=2)
     steps = []
     for name, comp in manifest["components"].items():
         for s in comp["steps"]:
@@ -85,6 +93,7 @@ def run() -> dict:
         "build_wall_s": manifest["wall_seconds"],
         "fp32_build_wall_s": fp32["wall_seconds"],
         "steps": steps,
+        "calibration_vs_forward": calibration,
     }
 
 
@@ -106,7 +115,9 @@ def main() -> int:
             f"(x{s['wall_over_forward']} forward)  peak {s['peak_rss_mb']} MB "
             f"(x{s['peak_over_forward']}; estimated {s['memory_estimate_mb']} MB)"
         )
-    return 0
+    import sam3_full
+
+    return 0 if sam3_full.print_calibration(r["calibration_vs_forward"]) else 1
 
 
 if __name__ == "__main__":

@@ -156,7 +156,9 @@ def _layers_wanted(build: BuildFolder, layers: bool | None) -> tuple[bool, str]:
     return True, f"quantized npu build, models of {size:.1f} MB"
 
 
-def _layers_section(build: BuildFolder, feeds: dict[str, dict], layers: bool | None) -> str:
+def _layers_section(
+    build: BuildFolder, feeds: dict[str, dict], layers: bool | None, blocked: str | None
+) -> str:
     from winml_recipes.feeds import synthetic, take
     from winml_recipes.quant.divergence import compare_tensors
 
@@ -164,6 +166,8 @@ def _layers_section(build: BuildFolder, feeds: dict[str, dict], layers: bool | N
     cmd = f"<code>winml-recipes report {_e(build.folder)} --layers</code>"
     if not wanted:
         return f'<p class="note">Not computed: {_e(why)}. To compute it: {cmd}.</p>'
+    if blocked is not None:
+        return f'<p class="note">Not computed: {_e(blocked)}.</p>'
     parts = [
         f'<p class="note">Each quantized activation of the model on the target and on the '
         f"CPU EP's simulation of Q/DQ, against the float model's tensor, in graph order; one "
@@ -216,12 +220,15 @@ def _first_line(exc: BaseException) -> str:
     return (text.splitlines() or [type(exc).__name__])[0][:300]
 
 
-def _picture_section(build: BuildFolder) -> tuple[str, dict[str, dict]]:
+def _picture_section(build: BuildFolder, blocked: str | None) -> tuple[str, dict[str, dict]]:
     """The run on the bundled held-out photo (image models), and the float feeds it used."""
     from winml_recipes.runbuild import run_and_write, sample_photo
 
     if build.image_input() is None:
         return '<p class="note">not an image model: no picture</p>', {}
+    if blocked is not None:
+        cmd = f"<code>winml-recipes run {_e(build.folder)}</code>"
+        return f'<p class="note">not made: {_e(blocked)}; {cmd} makes it on request.</p>', {}
     photo = sample_photo()
     with tempfile.TemporaryDirectory(prefix="winml-report-") as tmp:
         try:
@@ -316,9 +323,18 @@ def _artifacts_section(build: BuildFolder) -> str:
     return _table(["component", "file", "MB"], rows)
 
 
-def render(build: BuildFolder, layers: bool | None = None) -> str:
-    """The page's HTML."""
-    picture, feeds = _picture_section(build)
+def render(build: BuildFolder, layers: bool | None = None, budget_mb: float | None = None) -> str:
+    """The page's HTML. The build runs on its target for the picture and the per-layer plot
+    only where `report_bounds` allows it (verify ran it there; within `budget_mb`, default:
+    the build's memory budget)."""
+    from winml_recipes.engine.budget import resolve_budget
+    from winml_recipes.report_bounds import why_not_run
+
+    try:
+        blocked = why_not_run(build, budget_mb if budget_mb is not None else resolve_budget(None))
+    except Exception as exc:  # what cannot be estimated is not run
+        blocked = f"its memory could not be estimated ({_first_line(exc)})"
+    picture, feeds = _picture_section(build, blocked)
     overall = _overall(build)
     verdict = (
         "no gates" if overall is None else ("every gate passed" if overall else "a gate FAILED")
@@ -328,7 +344,7 @@ def render(build: BuildFolder, layers: bool | None = None) -> str:
     sections = [
         ("Verdicts and metrics", _verify_section(build)),
         ("Run on a held-out photo", picture),
-        ("Per-layer SQNR against float", _layers_section(build, feeds, layers)),
+        ("Per-layer SQNR against float", _layers_section(build, feeds, layers, blocked)),
         ("Node placement", _placement_section(build)),
         ("Steps: time and peak memory", _steps_section(build)),
         ("Files", _artifacts_section(build)),
@@ -349,11 +365,13 @@ def render(build: BuildFolder, layers: bool | None = None) -> str:
     )
 
 
-def write_report(build_dir: Path, layers: bool | None = None) -> Path:
+def write_report(
+    build_dir: Path, layers: bool | None = None, budget_mb: float | None = None
+) -> Path:
     """Write BUILD_DIR/report.html (replacing it at once) and return its path."""
     build = open_build(build_dir, contracts=True)
     out = build.folder / REPORT
     tmp = out.with_name(f".{REPORT}.tmp")
-    tmp.write_text(render(build, layers), encoding="utf-8")
+    tmp.write_text(render(build, layers, budget_mb), encoding="utf-8")
     tmp.replace(out)
     return out

@@ -166,3 +166,72 @@ def test_report_renders_in_headless_chromium(tiny_npu_build, tmp_path) -> None:
     with Image.open(io.BytesIO(picture_shot)) as img:
         shown = np.asarray(img.convert("RGB")).reshape(-1, 3)
     assert len(np.unique(shown, axis=0)) > 1000, "the run picture did not render"
+
+
+class _Counted:
+    """Counts the onnxruntime sessions created while installed (each a real session)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import onnxruntime as ort
+
+        real = ort.InferenceSession
+        self.paths: list[str] = []
+        counted = self
+
+        class Session(real):  # type: ignore[misc, valid-type]
+            def __init__(self, model, *args, **kwargs) -> None:
+                counted.paths.append(model if isinstance(model, str) else "<bytes>")
+                super().__init__(model, *args, **kwargs)
+
+        monkeypatch.setattr(ort, "InferenceSession", Session)
+
+
+def test_report_runs_the_build_only_within_the_memory_budget(
+    tiny_npu_build, tmp_path, monkeypatch
+) -> None:
+    """A report whose target run is estimated over the budget opens no session: the
+    picture and the plot say why in one line (the same build within it runs its pipeline)."""
+    import shutil
+
+    from winml_recipes.report import write_report
+
+    build = tmp_path / "build"
+    shutil.copytree(tiny_npu_build.output_dir, build)
+    sessions = _Counted(monkeypatch)
+    text = write_report(build, layers=True, budget_mb=200).read_text(encoding="utf-8")
+    assert sessions.paths == []
+    assert "not made: running vision_encoder needs about" in text
+    assert "over the memory budget of 0.2 GB" in text and "makes it on request" in text
+    assert 'class="layer-plot"' not in text and "data:image/png" not in text
+    text = write_report(build, layers=False, budget_mb=8000).read_text(encoding="utf-8")
+    assert len(sessions.paths) >= 4  # target and float, both components: the counter counts
+    assert "data:image/png" in text
+
+
+def test_report_does_not_prepare_what_verify_ran_on_the_simulation(tmp_path, monkeypatch) -> None:
+    """verify `on_target: false` (a graph too big to prepare here): the build's report does
+    not prepare it on QNN HTP either; `run` still can."""
+    from winml_recipes import api
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        (Path(__file__).parents[2] / "recipes" / "sam3-tiny.yaml")
+        .read_text(encoding="utf-8")
+        .replace(
+            '      - verify: {% include "sam3-quality.yaml" %}',
+            "      - verify: {on_target: false, min_sqnr_db: 20, min_cosine: 0.99}",
+            1,
+        )
+        .replace("name: sam3-tiny", "name: sam3-tiny-simulated", 1),
+        encoding="utf-8",
+    )
+    result = api.build(recipe, device="npu", precision="w8a16", output_root=tmp_path / "out")
+    encoder = result.manifest["components"]["vision_encoder"]["steps"]
+    assert next(s for s in encoder if s["pass"] == "verify")["metrics"]["verified_on"] == (
+        "cpu-simulation"
+    )
+    sessions = _Counted(monkeypatch)
+    text = api.report(result.output_dir, layers=True).read_text(encoding="utf-8")
+    assert sessions.paths == []
+    assert "vision_encoder was verified on the CPU simulation (verify: on_target false)" in text
+    assert (result.output_dir / "report.html").read_text(encoding="utf-8") == text  # the build's

@@ -420,3 +420,43 @@ def test_ort_cache_drives_quantize_static(mlp_path: Path, tmp_path: Path) -> Non
     for name in ("x", "m"):
         lo, hi = ranges[name]
         assert scales[name] == pytest.approx((hi - lo) / 255, rel=1e-5), name
+
+
+def test_rearranged_tensors_share_their_sources_reductions(tmp_path: Path) -> None:
+    """Reshape/Transpose/Squeeze outputs hold their input's values: one pair of reductions
+    serves the chain, and every tensor still gets its own exact range."""
+    from winml_recipes.quant.calibrate import _minmax_model, _value_infos
+
+    shape = numpy_helper.from_array(np.array([4, 6], np.int64), "shape")
+    axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
+    nodes = [
+        helper.make_node("Mul", ["x", "x"], ["sq"]),
+        helper.make_node("Sub", ["sq", "x"], ["d"]),
+        helper.make_node("Reshape", ["d", "shape"], ["r"]),
+        helper.make_node("Transpose", ["r"], ["t"], perm=[1, 0]),
+        helper.make_node("Unsqueeze", ["t", "axes"], ["u"]),
+        helper.make_node("Squeeze", ["u", "axes"], ["s"]),
+        helper.make_node("Neg", ["s"], ["y"]),
+    ]
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", F, [2, 12])],
+        [helper.make_tensor_value_info("y", F, [6, 4])],
+        [shape, axes],
+    )
+    path = tmp_path / "chain.onnx"
+    onnx.save(model, path)
+    _, pairs = _minmax_model(model, ["d", "r", "t", "u", "s", "y"], _value_infos(model))
+    assert len(set(pairs)) == 2 and len({pairs[0], *pairs[1:5]}) == 1  # d..s: one pair
+
+    def feeds():
+        for seed in range(3):
+            yield {"x": np.random.default_rng(seed).normal(0.2, 1.0, (2, 12)).astype(np.float32)}
+
+    ranges = calibrate(path, feeds, CalibrationSettings(), tensors=["d", "r", "t", "u", "s", "y"])
+    xs = np.stack([f["x"] for f in feeds()])
+    d = xs * xs - xs
+    want = {"d": d, "r": d, "t": d, "u": d, "s": d, "y": -d}
+    for name, values in want.items():
+        lo, hi = min(float(values.min()), 0.0), max(float(values.max()), 0.0)
+        assert ranges[name] == pytest.approx((lo, hi), rel=1e-6), name

@@ -158,7 +158,7 @@ def run_plan(
         return chains
 
     try:
-        return write_output(plan, output_root, build, reporter, wait_seconds)
+        return write_output(plan, output_root, build, reporter, wait_seconds, budget_mb=budget_mb)
     finally:
         cache.release_claims()  # keys a failed step claimed: the next build computes them
 
@@ -173,6 +173,7 @@ def write_output(
     reporter: Reporter,
     wait_seconds: float = 600.0,
     wall_seconds: float | None = None,
+    budget_mb: float | None = None,
 ) -> BuildResult:
     """Under the target's lock: `chains_of(staging)` gives each component's step records
     and final state (by running the steps, or from steps another process ran), which are
@@ -205,19 +206,19 @@ def write_output(
             shutil.rmtree(failed_dir_for(out_dir), ignore_errors=True)  # superseded
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        _write_report(out_dir, reporter)
+        _write_report(out_dir, reporter, budget_mb)
     final = {name: out_dir / p.relative_to(staging) for name, p in models.items()}
     return BuildResult(out_dir, manifest, final)
 
 
-def _write_report(out_dir: Path, reporter: Reporter | None) -> None:
+def _write_report(out_dir: Path, reporter: Reporter | None, budget_mb: float | None = None) -> None:
     """report.html beside the manifest; a report that cannot be made never fails the build
     nor hides its error (its sections say what they could not compute; `winml-recipes
     report` retries)."""
     from winml_recipes.report import write_report
 
     try:
-        write_report(out_dir)
+        write_report(out_dir, budget_mb=budget_mb)
     except Exception as exc:  # say why there is no report, go on
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         if reporter is not None:

@@ -252,18 +252,31 @@ def _stream(
 # --------------------------------------------------------------------------- models
 
 
-def _session(model: onnx.ModelProto, path: Path, weights_dir: Path | None):
-    """Save `model` (graph only; external weights stay where they are) and open it on CPU."""
+def _session(model: onnx.ModelProto, path: Path, weights_dir: Path | None, arena: bool = False):
+    """Save `model` (graph only; external weights stay where they are) and open it on CPU.
+
+    `arena`: onnxruntime's CPU memory arena on (the memory pattern stays off). For the
+    minmax pass, whose reductions free each activation right after its producer: without
+    the arena every activation is a fresh allocation whose pages the kernel zeroes on first
+    touch. sam3-mid's 1008 px encoder, 4 samples: 7.4 CPU s per sample instead of 8.4 (a
+    plain forward: 6.2-6.5), peak RSS 2.76 GB instead of 2.98 GB. The passes that return
+    activations keep it off (an arena keeps what those outputs took).
+    """
     save_model(model, path)
-    if weights_dir is None or sidecar_paths(path):
-        return calibration_session(path, None)
-    # The augmented graph is written elsewhere but references the original sidecars:
-    # ORT resolves external data against this folder (symlinks are refused by its
-    # "escapes model directory" check, and copying would double the disk use).
-    folder = str(weights_dir.resolve())
-    return calibration_session(
-        path, lambda options: options.add_session_config_entry(_EXT_FOLDER_KEY, folder)
-    )
+    folder = str(weights_dir.resolve()) if weights_dir is not None else None
+    if sidecar_paths(path):
+        folder = None
+
+    def configure(options: ort.SessionOptions) -> None:
+        if arena:
+            options.enable_cpu_mem_arena = True
+        if folder is not None:
+            # The augmented graph is written elsewhere but references the original
+            # sidecars: ORT resolves external data against this folder (symlinks are
+            # refused by its "escapes model directory" check; a copy doubles the disk use).
+            options.add_session_config_entry(_EXT_FOLDER_KEY, folder)
+
+    return calibration_session(path, configure)
 
 
 def _fresh_name(base: str, taken: set[str]) -> str:
@@ -275,13 +288,41 @@ def _fresh_name(base: str, taken: set[str]) -> str:
     return name
 
 
+# Ops whose output holds exactly the values of their first input, rearranged: the output's
+# min/max are the input's, so calibration reads them from the input's reductions instead of
+# passing over the tensor again (sam3-mid's 1008 px encoder: 15 % of the reductions' time).
+SAME_VALUES_OPS = frozenset(
+    {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity",
+     "DepthToSpace", "SpaceToDepth"}
+)  # fmt: skip
+
+
+def _value_sources(model: onnx.ModelProto) -> dict[str, str]:
+    """{tensor: the tensor whose values it holds} through chains of SAME_VALUES_OPS."""
+    direct = {
+        n.output[0]: n.input[0]
+        for n in model.graph.node
+        if n.domain in ("", "ai.onnx") and n.op_type in SAME_VALUES_OPS and n.input and n.output
+    }
+    sources = {}
+    for tensor in direct:
+        root, seen = tensor, {tensor}
+        while root in direct and direct[root] not in seen:
+            root = direct[root]
+            seen.add(root)
+        sources[tensor] = root
+    return sources
+
+
 def _minmax_model(
     model: onnx.ModelProto,
     tensors: Sequence[str],
     infos: Mapping[str, onnx.ValueInfoProto],
     keep_outputs: bool = False,
 ) -> tuple[onnx.ModelProto, list[tuple[str, str]]]:
-    """A copy with ReduceMin/ReduceMax(keepdims=1, all axes) outputs for each tensor.
+    """A copy with ReduceMin/ReduceMax(keepdims=1, all axes) outputs for each tensor, and
+    each tensor's (min output, max output) names (shared by tensors holding the same values:
+    see SAME_VALUES_OPS).
 
     Like `MinMaxCalibrater.augment_graph` without its Reshape (we flatten in numpy). Each
     tensor's reductions are placed right after the node that produces it (graph inputs':
@@ -297,18 +338,24 @@ def _minmax_model(
     taken |= {t.name for t in aug.graph.input} | {t.name for t in aug.graph.initializer}
     kept = list(aug.graph.output) if keep_outputs else []
     del aug.graph.output[:]
+    sources = _value_sources(model)
     reducers: dict[str, list[onnx.NodeProto]] = {}
+    reduced: dict[str, tuple[str, str]] = {}
     pairs = []
-    for i, tensor in enumerate(tensors):
-        elem = _elem_type(infos.get(tensor)) or TensorProto.FLOAT
-        pair = []
-        for op in ("ReduceMin", "ReduceMax"):
-            out = _fresh_name(f"calib{i}_{op}", taken)
-            node = helper.make_node(op, [tensor], [out], name=out, keepdims=1)
-            reducers.setdefault(tensor, []).append(node)
-            aug.graph.output.append(helper.make_tensor_value_info(out, elem, None))
-            pair.append(out)
-        pairs.append((pair[0], pair[1]))
+    for tensor in tensors:
+        reduce = sources.get(tensor, tensor)
+        if reduce not in reduced:
+            elem = _elem_type(infos.get(reduce)) or _elem_type(infos.get(tensor))
+            pair = []
+            for op in ("ReduceMin", "ReduceMax"):
+                out = _fresh_name(f"calib{len(reduced)}_{op}", taken)
+                node = helper.make_node(op, [reduce], [out], name=out, keepdims=1)
+                reducers.setdefault(reduce, []).append(node)
+                vi = helper.make_tensor_value_info(out, elem or TensorProto.FLOAT, None)
+                aug.graph.output.append(vi)
+                pair.append(out)
+            reduced[reduce] = (pair[0], pair[1])
+        pairs.append(reduced[reduce])
     original = list(aug.graph.node)
     ordered: list[onnx.NodeProto] = []
     for name in [i.name for i in aug.graph.input]:
@@ -553,18 +600,22 @@ def calibrate(
         out_dir = Path(work_dir) if work_dir is not None else Path(tmp)
         own = [o.name for o in model.graph.output] if on_outputs is not None else []
         aug, pairs = _minmax_model(model, names, infos, keep_outputs=bool(own))
-        session = _session(aug, out_dir / "calibrate-minmax.onnx", weights_dir)
+        session = _session(aug, out_dir / "calibrate-minmax.onnx", weights_dir, arena=True)
         del aug
         lows = np.full(len(names), np.inf)
         highs = np.full(len(names), -np.inf)
-        order = [o for pair in pairs for o in pair]
+        order = list(dict.fromkeys(o for pair in pairs for o in pair))  # each output once
+        index = {o: k for k, o in enumerate(order)}
+        low_at = [index[lo] for lo, _ in pairs]
+        high_at = [index[hi] for _, hi in pairs]
         for feed, values in _stream(session, order + own, feeds, where):
             if own:
                 assert on_outputs is not None
                 on_outputs(feed, dict(zip(own, values[len(order) :], strict=True)))
             values = values[: len(order)]
-            mins = np.array([np.min(v) if v.size else np.inf for v in values[0::2]], np.float64)
-            maxs = np.array([np.max(v) if v.size else -np.inf for v in values[1::2]], np.float64)
+            mins = np.array([np.min(v) if v.size else np.inf for v in values], np.float64)
+            maxs = np.array([np.max(v) if v.size else -np.inf for v in values], np.float64)
+            mins, maxs = mins[low_at], maxs[high_at]
             np.fmin(lows, mins, out=lows)
             np.fmax(highs, maxs, out=highs)
             del feed, values  # nothing of this sample is alive while the next is made
