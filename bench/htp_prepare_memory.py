@@ -116,8 +116,9 @@ def _chunk(src: Path, out: Path, bound: int) -> dict:
     return log.to_metrics()
 
 
-def _quantize(src: Path, work: Path, shapes: dict | None = None) -> Path:
-    """npu/w8a16 QDQ of `src` by this tool (the prepare stages before the EP's; 1 sample)."""
+def _quantize(src: Path, work: Path, shapes: dict | None = None, ep: bool = False) -> Path:
+    """npu/w8a16 QDQ of `src` by this tool (1 sample; the prepare stages before the EP's,
+    and the qnn-htp plugin's rewrites too with `ep`, as a build's defaults run them)."""
     import yaml
 
     from winml_recipes import api
@@ -128,7 +129,12 @@ def _quantize(src: Path, work: Path, shapes: dict | None = None) -> Path:
     body["steps"] = [
         "normalize",
         "fix_shapes",
-        {"prepare": {"stages": ["fold", "gathernd", "recurrent"], "check_samples": 0}},
+        {
+            "prepare": {
+                "stages": ["fold", "gathernd", "recurrent", *(["ep"] if ep else [])],
+                "check_samples": 0,
+            }
+        },
         {"quantize": {"calibration": {"samples": 1}}},
     ]
     recipe.write_text(yaml.safe_dump(body, sort_keys=False))
@@ -150,8 +156,10 @@ def _sizes(path: Path) -> dict:
             "activation_elements": activation_elements(path), "nodes": nodes}  # fmt: skip
 
 
-def measure(side: int, part: str, work: Path, cap_mb: float, chunk: int | None) -> dict:
-    tag = f"{part}_{side}" + (f"-chunk{chunk}" if chunk else "")
+def measure(
+    side: int, part: str, work: Path, cap_mb: float, chunk: int | None, ep: bool = False
+) -> dict:
+    tag = f"{part}_{side}" + (f"-chunk{chunk}" if chunk else "") + ("-ep" if ep else "")
     folder = work / tag
     folder.mkdir(parents=True, exist_ok=True)
     float_model = work / f"{part}_{side}.onnx"
@@ -166,7 +174,8 @@ def measure(side: int, part: str, work: Path, cap_mb: float, chunk: int | None) 
     g = side // PATCH
     shapes = {"mid": {"pixel_values": (1, 3, side, side)},
               "mlp4d": {"x": (1, g, g, 1024)}}.get(part)  # fmt: skip
-    qdq = _quantize(src, folder, shapes)
+    qdq = _quantize(src, folder, shapes, ep)
+    row["ep_stage"] = ep
     row.update(_sizes(qdq))
     row["prepare"] = _python(_PREPARE, str(qdq), cap_mb=cap_mb)
     return row
@@ -217,6 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--cap-gb", type=float, default=16.0)
     parser.add_argument("--chunk", type=int, default=None, help="score elements per chunk")
+    parser.add_argument(
+        "--ep",
+        action="store_true",
+        help="prepare runs its ep stage too (the qnn-htp plugin's rewrites, as builds do)",
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/winml-bench-htp-prepare"))
     parser.add_argument(
         "--bisect",
@@ -230,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = []
     for side in args.sides:
-        row = measure(side, args.part, args.work, args.cap_gb * 1024, args.chunk)
+        row = measure(side, args.part, args.work, args.cap_gb * 1024, args.chunk, args.ep)
         print(json.dumps(row), flush=True)
         rows.append(row)
     return 0

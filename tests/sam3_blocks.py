@@ -16,7 +16,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PATCH = 14
 HIDDEN, HEADS, MLP = 1024, 16, 4736  # Sam3ViTConfig's defaults (the published model's)
-PARTS = ("global", "window", "encoder2", "mid", "mlp4d", "mlp2d")
+PARTS = ("global", "window", "encoder2", "mid", "mlp4d", "mlp2d", "rotary")
 
 # In a child process: torch's peak stays out of the caller's.
 _EXPORT = """
@@ -96,12 +96,62 @@ def mlp(side: int, out: Path, rank4: bool) -> Path:
     return out
 
 
+def rotary(side: int, out: Path) -> Path:
+    """The global layer's 2-D rotary embedding on q as torch's dynamo exporter writes it
+    (`x * cos + rotate_pairwise(x) * sin`; rotate_pairwise: Reshape to [.., 32, 2], Slice
+    and Squeeze each half, Neg, Unsqueeze both, Concat on the new last axis, Reshape back),
+    on x [1, 16, (side/14)^2, 64], with seeded cos/sin tables."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    n, half = (side // PATCH) ** 2, HIDDEN // HEADS // 2
+    rng = np.random.default_rng(0)
+    angles = rng.uniform(0, 2 * np.pi, (n, half)).repeat(2, axis=-1)
+
+    def c(name: str, value) -> onnx.TensorProto:
+        return numpy_helper.from_array(np.asarray(value), name)
+
+    inits = [
+        c("cos", np.cos(angles).astype(np.float32)), c("sin", np.sin(angles).astype(np.float32)),
+        c("pairs", np.array([-1, HEADS, n, half, 2], np.int64)),
+        c("back", np.array([-1, HEADS, n, 2 * half], np.int64)),
+        *(c(k, np.array([v], np.int64)) for k, v in (("i0", 0), ("i1", 1), ("i2", 2))),
+        c("last", np.array([-1], np.int64)),
+    ]  # fmt: skip
+    nodes = [
+        helper.make_node("Reshape", ["x", "pairs"], ["view"], allowzero=1),
+        helper.make_node("Slice", ["view", "i0", "i1", "last"], ["s0"]),
+        helper.make_node("Slice", ["view", "i1", "i2", "last"], ["s1"]),
+        helper.make_node("Squeeze", ["s0", "last"], ["x1"]),
+        helper.make_node("Squeeze", ["s1", "last"], ["x2"]),
+        helper.make_node("Neg", ["x2"], ["neg"]),
+        helper.make_node("Unsqueeze", ["neg", "last"], ["u0"]),
+        helper.make_node("Unsqueeze", ["x1", "last"], ["u1"]),
+        helper.make_node("Concat", ["u0", "u1"], ["stack"], axis=-1),
+        helper.make_node("Reshape", ["stack", "back"], ["rotated"], allowzero=1),
+        helper.make_node("Mul", ["x", "cos"], ["xc"]),
+        helper.make_node("Mul", ["rotated", "sin"], ["rs"]),
+        helper.make_node("Add", ["xc", "rs"], ["y"]),
+    ]
+    shape = [1, HEADS, n, 2 * half]
+    graph = helper.make_graph(
+        nodes, "rotary", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+    onnx.save(model, out)
+    return out
+
+
 def export_block(side: int, part: str, out: Path) -> Path:
     """`part` (one of PARTS) at `side` px, written to `out`."""
     if part not in PARTS:
         raise ValueError(f"part {part!r}: one of {', '.join(PARTS)}")
     if part in ("mlp4d", "mlp2d"):
         return mlp(side, out, part == "mlp4d")
+    if part == "rotary":
+        return rotary(side, out)
     code = _EXPORT.format(hidden=HIDDEN, heads=HEADS, mlp=MLP, patch=PATCH)
     if part == "mid":
         code = _MID

@@ -32,6 +32,14 @@ def test_sam3_mid_npu_build_fits_and_encodes_each_image_once(tmp_path: Path) -> 
     # calibration (4 images); its verification's reference serves the decoder's.
     assert dec["quantize"]["metrics"]["upstream_forwards"] == {"computed": 0, "reused": 2}
     assert dec["verify"]["metrics"]["upstream_forwards"] == {"computed": 0, "reused": 1}
+    # the encoder on QNN HTP, every node placed there, and compiled (its 1008 px graph
+    # prepares in about 1.4 GB since the rotary rewrite; > 16 GB before)
+    rewrites = {r["rule"]: r["count"] for r in enc["prepare"]["metrics"]["rewrites"]}
+    assert rewrites["rotate_pairwise_to_gather"] == 4  # q and k of both layers
+    verify = enc["verify"]["metrics"]
+    assert verify["verified_on"] == "qnn-htp", verify.get("verified_on")
+    assert set(verify["placement"]["nodes"]) == {"QNNExecutionProvider"}
+    assert enc["compile"]["status"] == "ran"
     for steps in (enc, dec):
         for name in ("fix_shapes", "quantize", "verify"):
             assert steps[name]["memory_estimate_mb"] > 0, name

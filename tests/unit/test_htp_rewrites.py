@@ -206,3 +206,33 @@ def test_ep_stage_can_be_left_out() -> None:
     done = prepare(model, ["fold", "ep"], ep_rules=QNN.graph_rules())
     assert done.log.count("zero_constant_add") == 1
     assert [n.op_type for n in done.model.graph.node] == ["Relu"]
+
+
+def test_rotate_pairwise_becomes_gather_with_signs_in_the_sin_table(tmp_path) -> None:
+    """SAM 3's rotary embedding (`x * cos + rotate_pairwise(x) * sin`, as dynamo exports it):
+    the rank-5 interleave becomes a Gather on the last axis, bit for bit the same."""
+    from tests.sam3_blocks import rotary
+
+    model = onnx.load(rotary(42, tmp_path / "rotary.onnx"))
+    x = np.random.default_rng(0).normal(0, 3, (1, 16, 9, 64)).astype(np.float32)
+    before = _run(model, {"x": x})
+    done = prepare(model, ["ep"], ep_rules=QNN.graph_rules())
+    np.testing.assert_array_equal(_run(done.model, {"x": x}), before)
+    ops = [n.op_type for n in done.model.graph.node]
+    assert done.log.count("rotate_pairwise_to_gather") == 1
+    # the signs' Mul merged into the sin table's
+    assert sorted(ops) == ["Add", "Gather", "Mul", "Mul"], ops
+
+
+def test_an_interleave_that_is_no_rotation_is_left_alone(tmp_path) -> None:
+    from tests.sam3_blocks import rotary
+
+    model = onnx.load(rotary(42, tmp_path / "rotary.onnx"))
+    neg = next(n for n in model.graph.node if n.op_type == "Neg")
+    neg.input[0] = "x1"  # stack((-x1, x1)): not the rotation
+    x = np.random.default_rng(1).normal(0, 1, (1, 16, 9, 64)).astype(np.float32)
+    before = _run(model, {"x": x})
+    done = prepare(model, ["ep"], ep_rules=QNN.graph_rules())
+    np.testing.assert_array_equal(_run(done.model, {"x": x}), before)
+    assert done.log.count("rotate_pairwise_to_gather") == 0
+    assert "Concat" in [n.op_type for n in done.model.graph.node]

@@ -65,10 +65,11 @@ class QnnHtp(ExecutionProvider):
         """HTP graph preparation (session creation, compile) on this host's emulated
         backend: an upper envelope of docs/sam3-htp-memory.md's measurements that prepared
         (SAM 3 ViT blocks at 336-1008 px and a static export of sam3-mid's encoder, w8a16;
-        largest tensors 5-430 M elements; peaks 0.36-1.6 GB). The largest tensor explains
-        little of the peak there, and the tool's own sam3-mid export (> 16 GB, from one
-        rotary-embedding Concat) is not covered; the weights' factor is a session's (not
-        fitted: the measured graphs' weights were 15-46 MB)."""
+        largest tensors 5-430 M elements; peaks 0.36-1.6 GB; this tool's sam3-mid export
+        with the rotary rewrite, 1.4 GB, is under it). The largest tensor explains little of
+        the peak there; a graph that blows up (that export before `rotate_pairwise_to_gather`:
+        > 16 GB) is not modelled, nor how the peak grows with layers; the weights' factor is
+        a session's (not fitted: the measured graphs' weights were 15-46 MB)."""
         return PreparationCost(
             base_mb=PREPARE_BASE_MB,
             mb_per_million=PREPARE_MB_PER_MILLION,

@@ -33,7 +33,7 @@ RULES = (
     RULE_FOLD, RULE_IDENTITY, "batchnorm_to_mul_add", "where_of_constants_to_arithmetic",
     "erf_gelu_to_gelu", RULE_TRANSPOSES, "channel_scatter_to_elementwise",
     "constant_scatter_to_arithmetic", "constant_gathernd_to_gather", "merge_constant_chain",
-    "zero_constant_add", "chunk_attention_queries",
+    "zero_constant_add", "rotate_pairwise_to_gather", "chunk_attention_queries",
 )  # fmt: skip
 
 
@@ -184,6 +184,8 @@ def float_rewrites(max_tensor_elements: int | None = None) -> list[Step]:
             _rules(one(r.ConstantScatterToArithmetic, "ScatterElements", "ScatterND")),
         ),
         Step(r.ConstantGatherNDToGather.rule_name, _rules(one(r.ConstantGatherNDToGather))),
+        # before the merge rule: it folds the rotation's signs into the sin table
+        Step(r.RotatePairwiseToGather.rule_name, _rules(one(r.RotatePairwiseToGather))),
         Step("dead", _library_pass(common.RemoveUnusedNodesPass())),
         Step(RULE_IDENTITY, _library_pass(_IdentityElimination(), RULE_IDENTITY)),
         Step(r.MergeConstantChain.rule_name, _rules(one(r.MergeConstantChain, *_ELEMENTWISE))),

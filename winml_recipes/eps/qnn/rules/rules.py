@@ -549,3 +549,94 @@ class NanGuardPass(ir.passes.InPlacePass):
         if folded:
             ir.passes.common.RemoveUnusedNodesPass()(model)
         return ir.passes.PassResult(model, bool(folded))
+
+
+def _producer(value: ir.Value | None, op_type: str) -> ir.Node | None:
+    node = value.producer() if value is not None else None
+    return node if node is not None and node.op_type == op_type and node.domain == "" else None
+
+
+def _ints(value: ir.Value | None) -> list[int] | None:
+    found = const(value)
+    return None if found is None or found.dtype.kind not in "iu" else np.ravel(found).tolist()
+
+
+def _axes(node: ir.Node, rank: int) -> list[int] | None:
+    """A Squeeze/Unsqueeze's axes (input, or attribute before opset 13), made non-negative."""
+    found = _ints(node.inputs[1]) if len(node.inputs) > 1 else None
+    if found is None and "axes" in node.attributes:
+        found = list(node.attributes.get_ints("axes"))
+    return None if found is None else [a % rank for a in found]
+
+
+def _half(value: ir.Value | None, k: int) -> ir.Value | None:
+    """v when `value` is `Squeeze(Slice(v, k, k + 1, axis=-1), axis=-1)` with v [.., 2]."""
+    squeeze = _producer(value, "Squeeze")
+    sliced = _producer(squeeze.inputs[0], "Slice") if squeeze is not None else None
+    dims = static_dims(sliced.inputs[0]) if sliced is not None else None
+    if squeeze is None or sliced is None or not dims or dims[-1] != 2:
+        return None
+    last = len(dims) - 1
+    starts, ends, *rest = (_ints(v) for v in sliced.inputs[1:])
+    axes = rest[0] if rest else [last]
+    steps = rest[1] if len(rest) > 1 else [1]
+    if None in (starts, ends, axes, steps) or len(starts) != 1 or len(axes) != 1:
+        return None
+    # as Slice clamps: start/end in [0, 2] after adding 2 to a negative one
+    start, end = (min(max(v + 2 if v < 0 else v, 0), 2) for v in (starts[0], ends[0]))
+    if axes[0] % len(dims) != last or steps != [1] or (start, end) != (k, k + 1):
+        return None
+    return sliced.inputs[0] if _axes(squeeze, len(dims)) == [last] else None
+
+
+class RotatePairwiseToGather(HtpRule):
+    """The pairwise rotation of rotary embeddings (transformers' `rotate_pairwise`:
+    `stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2)`, exported as Reshape to [.., D/2,
+    2], Slice + Squeeze of each half, Neg, Unsqueeze both, Concat on the new last axis,
+    Reshape back) -> Gather(x, [1, 0, 3, 2, ..], axis=-1) * [-1, 1, -1, 1, ..], exactly.
+
+    The rank-5 Concat on a new last axis of size 2 is where QNN HTP's graph preparation of
+    SAM 3's 1008 px encoder grows past 16 GB (docs/sam3-htp-memory.md); a Gather of the
+    permuted index and a Mul by the signs stay rank 4 (the merge rule then folds the signs
+    into the constant sin table the rotation is multiplied by). An index permutation is what
+    onnxscript's rewriter has no rule for.
+    """
+
+    op_type = "Reshape"
+    rule_name = "rotate_pairwise_to_gather"
+    log_refusals = False  # most Reshapes are no rotation
+
+    def validate(self, node: ir.Node) -> Any:
+        concat = _producer(node.inputs[0], "Concat")
+        dims = static_dims(node.inputs[0])
+        if concat is None or not dims or len(concat.inputs) != 2 or dims[-1] != 2:
+            return "not a Concat of two halves on a new last axis"
+        if _attr_int(concat, "axis", 0) % len(dims) != len(dims) - 1:
+            return "not a Concat on the last axis"
+        first, second = (_producer(v, "Unsqueeze") for v in concat.inputs)
+        if first is None or second is None:
+            return "the halves are not Unsqueezed"
+        if any(_axes(u, len(dims)) != [len(dims) - 1] for u in (first, second)):
+            return "the halves are not Unsqueezed on the last axis"
+        neg = _producer(first.inputs[0], "Neg")
+        pairs = _half(neg.inputs[0], 1) if neg is not None else None
+        if pairs is None or _half(second.inputs[0], 0) is not pairs:
+            return "not (-x[..., 1], x[..., 0]) of one pairs tensor"
+        view = _producer(pairs, "Reshape")
+        x = view.inputs[0] if view is not None else None
+        shape, out = static_dims(x), static_dims(node.outputs[0])
+        if not shape or None in shape or shape != out or [*shape[:-1], shape[-1] // 2, 2] != dims:
+            return "the pairs are not x's last axis in pairs, or the result is not x's shape"
+        if x.dtype is None or not x.dtype.is_floating_point():
+            return "x is not float"
+        return x, shape[-1]
+
+    def replace(self, op, node: ir.Node, facts: Any) -> ir.Value:
+        x, d = facts
+        base, name = _base(node), node.name or _base(node)
+        perm = np.arange(d).reshape(-1, 2)[:, ::-1].ravel()
+        sign = np.tile(np.array([-1, 1]), d // 2).astype(x.dtype.numpy())
+        index = op.initializer(ir.tensor(perm.astype(np.int64), name=f"{base}_pair_swap"))
+        signs = op.initializer(ir.tensor(sign, name=f"{base}_pair_signs"))
+        swapped = op.Gather(x, index, axis=-1, _name=f"{name}_swap", _outputs=[f"{base}_swapped"])
+        return op.Mul(swapped, signs, _name=f"{name}_signs", _outputs=[base])
