@@ -1,7 +1,8 @@
 """The two quantizers the corpus compares, and the task metric of a candidate on QNN HTP.
 
 - `tool`: `winml-recipes build --onnx MODEL --device npu --precision P --calibration-data
-  calib.npz --eval-data heldout.npz` (no other flag), in a child process;
+  calib.npz --eval-data heldout.npz` (and `--task T` where the model's task has a metric
+  plugin, as its user would name it), in a child process;
 - `ort`: onnxruntime's QNN recipe on the same data: inputs fixed to the data's shapes,
   `qnn_preprocess_model` where it works, `get_qnn_qdq_config` + `quantize`;
 - `init_build`: `init` on a save_pretrained folder, then `build` of its recipe;
@@ -69,7 +70,8 @@ def tool(p, precision: str, work: Path) -> Path:
     done = subprocess.run(
         [sys.executable, "-m", "winml_recipes", "build", "--onnx", str(p.model), "--device",
          "npu", "--precision", precision, "--calibration-data", str(p.calib),
-         "--eval-data", str(p.heldout), "-o", str(work / "out")],
+         "--eval-data", str(p.heldout), "-o", str(work / "out"),
+         *(["--task", p.entry.task] if p.entry.task else [])],
         cwd=TOOL_ROOT, capture_output=True, text=True, timeout=CELL_TIMEOUT,
         env={**os.environ, "WINML_RECIPES_CACHE": str(work / "cache")},
     )  # fmt: skip
