@@ -52,10 +52,13 @@ def step_lines(s: StepRecord) -> list[str]:
         if metrics.get("output_shapes_declared"):
             out.append(advisory_shapes_line(metrics["output_shapes_declared"]))
     if "compiled_vs_uncompiled" in metrics and s.status != "skipped":
-        agree = metrics["compiled_vs_uncompiled"] or {}
-        same = "bit-exact" if agree.get("bit_exact") else f"max_abs {agree.get('max_abs')}"
+        agree = metrics["compiled_vs_uncompiled"]
         names = ", ".join(a.name for a in s.artifacts or ())
-        out.append(f"compiled: {names} ({same} vs the uncompiled model on the EP)")
+        if agree is None:  # compile: {samples: 0}
+            out.append(f"compiled: {names} (loaded back on the EP, every node there; not run)")
+        else:
+            same = "bit-exact" if agree.get("bit_exact") else f"max_abs {agree.get('max_abs')}"
+            out.append(f"compiled: {names} ({same} vs the uncompiled model on the EP)")
     parity = metrics.get("torch_parity")
     if parity:
         worst = min(p["sqnr_db"] for p in parity.values())

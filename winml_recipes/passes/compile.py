@@ -9,6 +9,8 @@ same EP and its outputs compared with the uncompiled model's on that EP.
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -45,7 +47,15 @@ class CompileConfig:
         "Fail where the EP cannot load on this host (default: the step is skipped with the "
         "reason).",
     )
-    samples: int = option(1, minimum=1, maximum=16)
+    samples: int = option(
+        1,
+        "Synthetic samples run through both the compiled and the uncompiled model on the EP "
+        "(they must agree). 0: the compiled model is only loaded back with CPU fallback off, "
+        "for graphs an emulated backend runs too slowly (a full-size encoder on an x86_64 "
+        "host's HTP emulation: hours per sample).",
+        minimum=0,
+        maximum=16,
+    )
     seed: int = option(0, minimum=0)
 
 
@@ -74,9 +84,13 @@ class CompilePass(Pass[CompileConfig]):
         from winml_recipes.sdk.runtime import provider_for
 
         # the EP prepares the graph (in a child process), then both models run on it
+        prepared = preparation_estimate(
+            src, inputs.contract, provider_for(inputs.target), "compile"
+        )
+        if config.samples == 0:  # loaded back, not run
+            return prepared
         return larger(
-            preparation_estimate(src, inputs.contract, provider_for(inputs.target), "compile"),
-            forward_estimate(src, inputs.contract, "compiled vs uncompiled forward"),
+            prepared, forward_estimate(src, inputs.contract, "compiled vs uncompiled forward")
         )
 
     def opens_on_target(self, config: CompileConfig) -> bool:
@@ -126,6 +140,20 @@ class CompilePass(Pass[CompileConfig]):
         if not compiled.is_file():
             raise PassError(f"{ep.provider} wrote no EPContext model")
         device = ctx.target.device
+        artifacts = sorted(p.name for p in out_dir.iterdir() if p.is_file())
+        artifacts.remove(COMPILED)
+        record = {
+            "execution_provider": identity(ep.key),
+            "provider_options": provider_options,
+            "embed": config.embed,
+        }
+        if config.samples == 0:  # loaded back (every node on the EP), not run
+            started = time.perf_counter()
+            open_session(compiled, ep.key, fallback=False, device=device)
+            record["compiled_vs_uncompiled"] = None
+            record["loaded_back_seconds"] = round(time.perf_counter() - started, 2)
+            return StepResult(None, record, artifacts=(COMPILED, *artifacts),
+                              ship_model=config.keep_uncompiled)  # fmt: skip
         uncompiled = open_session(
             src, ep.key, fallback=False, provider_options=provider_options, device=device
         )
@@ -138,14 +166,10 @@ class CompilePass(Pass[CompileConfig]):
         after = [loaded.run(f, i) for i, f in enumerate(feeds)]
         agreement = compare_runs(before, after)
         max_abs = max(m["max_abs"] for m in agreement.values())
-        artifacts = sorted(p.name for p in out_dir.iterdir() if p.is_file())
-        artifacts.remove(COMPILED)
         return StepResult(
             None,
             {
-                "execution_provider": identity(ep.key),
-                "provider_options": provider_options,
-                "embed": config.embed,
+                **record,
                 "compiled_vs_uncompiled": {
                     "max_abs": max_abs,
                     "bit_exact": max_abs == 0.0,
