@@ -10,7 +10,6 @@ same EP and its outputs compared with the uncompiled model's on that EP.
 from __future__ import annotations
 
 import time
-
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
