@@ -398,9 +398,7 @@ def test_compile_writes_an_epcontext_model_that_matches_on_htp(tmp_path: Path) -
 def test_compile_embedded_without_the_uncompiled_model(tmp_path: Path) -> None:
     """Also `samples: 0` (a graph the emulated backend runs too slowly): the compiled model
     is loaded back with fallback off, not run; the record and the summary say so."""
-    recipe = _mlp_project(
-        tmp_path, "{compile: {embed: true, keep_uncompiled: false, samples: 0}}"
-    )
+    recipe = _mlp_project(tmp_path, "{compile: {embed: true, keep_uncompiled: false, samples: 0}}")
     result = api.build(recipe, device="npu", precision="w8a16", output_root=tmp_path / "out")
     metrics = steps_of(result)["compile"]["metrics"]
     assert metrics["compiled_vs_uncompiled"] is None and metrics["loaded_back_seconds"] >= 0
