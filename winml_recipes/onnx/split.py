@@ -1,0 +1,321 @@
+"""Cut a graph into consecutive parts at tensor boundaries (split compilation).
+
+The nodes that compute something from activations ("core" nodes, in the graph's own
+topological order) are cut into runs; a part is one run plus the constant nodes it reads
+(duplicated into every part that needs them). In a QDQ graph a DequantizeLinear of an
+activation travels with its readers, so a Q -> DQ pair is never split across a boundary: the
+tensor that crosses is the quantized one (uint8/uint16), exact on both sides, or with
+`boundary="float"` the DQ output, re-quantized at the next part's start with the same
+scale and zero point (a Q -> DQ copy: exact, since the float is on the quantized grid).
+
+Why not onnx.utils.extract_model: it extracts one sub-graph by names but neither chooses
+boundaries, keeps Q/DQ pairs together nor duplicates constants per part; onnx_ir has no
+partitioner either. Cut choice: fewest crossing tensors near equal shares of cost (weights
+and activation elements), or a memory bound per part.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import onnx
+from onnx import helper
+
+Boundary = Literal["quantized", "float"]
+# A cut may move this far (a fraction of the core nodes) from its equal-share target to
+# find fewer crossing tensors.
+WINDOW = 0.15
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part: its model and the tensors it takes and gives."""
+
+    model: onnx.ModelProto
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    nodes: int  # core nodes (not counting duplicated constants)
+
+
+def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
+    """Names a node's subgraphs (If/Loop/Scan) read from the outer scope."""
+    reads: set[str] = set()
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for g in graphs:
+            local = {i.name for i in g.input} | {t.name for t in g.initializer}
+            for n in g.node:
+                local.update(n.output)
+            for n in g.node:
+                reads.update(x for x in [*n.input, *_subgraph_reads(n)] if x and x not in local)
+    return reads
+
+
+def _reads(node: onnx.NodeProto) -> list[str]:
+    return [x for x in node.input if x] + sorted(_subgraph_reads(node))
+
+
+class Splitter:
+    """A graph's core nodes, the constants beside them and where each tensor comes from."""
+
+    def __init__(self, model: onnx.ModelProto, boundary: Boundary = "quantized") -> None:
+        self.model = model
+        self.boundary = boundary
+        g = model.graph
+        self.initializers = {t.name for t in g.initializer}
+        self.graph_inputs = [i.name for i in g.input if i.name not in self.initializers]
+        self.graph_outputs = [o.name for o in g.output]
+        self.producer: dict[str, int] = {}
+        for i, node in enumerate(g.node):
+            for out in node.output:
+                if out:
+                    self.producer[out] = i
+        constant: set[int] = set()
+        attached: set[int] = set()
+        for i, node in enumerate(g.node):
+            srcs = [self.producer.get(x) for x in _reads(node) if x not in self.initializers]
+            if all(s is not None and s in constant for s in srcs) and not (
+                set(_reads(node)) & set(self.graph_inputs)
+            ):
+                constant.add(i)
+            elif boundary == "quantized" and node.op_type == "DequantizeLinear":
+                attached.add(i)  # a DQ of an activation goes with its readers
+        self.constant = constant
+        self.attached = attached
+        self.quantized = any(n.op_type == "QuantizeLinear" for n in g.node)
+        self.core = [i for i in range(len(g.node)) if i not in constant and i not in attached]
+        self._sizes = _elements(model)
+
+    # ------------------------------------------------------------ one part's nodes
+
+    def _closure(self, core: Sequence[int]) -> list[int]:
+        """`core` plus the constant and attached nodes they need, in graph order."""
+        nodes = set(core)
+        todo = [x for i in core for x in _reads(self.model.graph.node[i])]
+        # attached DQs whose output is a graph output belong with their input's producer
+        for name in self.graph_outputs:
+            p = self.producer.get(name)
+            if p is not None and p in self.attached:
+                src = self.producer.get(self.model.graph.node[p].input[0])
+                if src in nodes:
+                    nodes.add(p)
+                    todo += _reads(self.model.graph.node[p])
+        while todo:
+            p = self.producer.get(todo.pop())
+            if p is None or p in nodes or (p not in self.constant and p not in self.attached):
+                continue
+            nodes.add(p)
+            todo += _reads(self.model.graph.node[p])
+        return sorted(nodes)
+
+    def io(self, core: Sequence[int], later: Sequence[int]) -> tuple[list[str], list[str]]:
+        """A part's inputs (read, not made here, not weights) and outputs (made here and
+        read by `later` core nodes or the graph's outputs)."""
+        nodes = self._closure(core)
+        made = {x for i in nodes for x in self.model.graph.node[i].output if x}
+        inputs: list[str] = []
+        for i in nodes:
+            for x in _reads(self.model.graph.node[i]):
+                if x not in made and x not in self.initializers and x not in inputs:
+                    inputs.append(x)
+        wanted = [x for i in self._closure(later) for x in _reads(self.model.graph.node[i])]
+        own = {x for i in nodes if i not in self.constant for x in self.model.graph.node[i].output}
+        outputs = [x for x in self.graph_outputs if x in made]
+        outputs += [x for x in dict.fromkeys(wanted) if x in own and x not in outputs]
+        return inputs, outputs
+
+    def crossing(self, k: int) -> list[str]:
+        """Tensors made before core position k and read from k on (besides graph inputs)."""
+        _, outs = self.io(self.core[:k], self.core[k:])
+        later = self._read_by(k)
+        return [x for x in outs if x in later]
+
+    def valid(self, k: int) -> bool:
+        """Whether a cut at core position k keeps every Q/DQ node unit whole: in a QDQ graph
+        every crossing tensor is a QuantizeLinear output (a DequantizeLinear output with
+        boundary "float"), never an op's float output before its Q."""
+        if not self.quantized:
+            return True
+        op = "QuantizeLinear" if self.boundary == "quantized" else "DequantizeLinear"
+        g = self.model.graph
+        return all(g.node[self.producer[x]].op_type == op for x in self.crossing(k))
+
+    def _read_by(self, k: int) -> set[str]:
+        return {x for i in self._closure(self.core[k:]) for x in _reads(self.model.graph.node[i])}
+
+    # ------------------------------------------------------------ choosing cuts
+
+    def cost_prefix(self) -> list[float]:
+        """Cumulative cost (elements made + weight elements read) along the core nodes."""
+        total, out = 0.0, [0.0]
+        g = self.model.graph
+        for i in self.core:
+            node = g.node[i]
+            total += sum(self._sizes.get(x) or 0 for x in node.output)
+            total += sum(self._sizes.get(x) or 0 for x in node.input if x in self.initializers)
+            out.append(total)
+        return out
+
+    def choose_cuts(self, parts: int) -> list[int]:
+        """Core positions of `parts - 1` cuts: near equal shares of cost, fewest crossing
+        tensors within the window around each share (ties: the nearer)."""
+        n = len(self.core)
+        if parts < 2:
+            return []
+        if parts > n:
+            raise ValueError(f"{parts} parts asked of a graph with {n} nodes")
+        prefix = self.cost_prefix()
+        total = prefix[-1] or 1.0
+        window = max(1, int(WINDOW * n))
+        cuts: list[int] = []
+        for j in range(1, parts):
+            share = total * j / parts
+            target = min(range(1, n), key=lambda k: abs(prefix[k] - share))
+            first, last = (cuts[-1] + 1 if cuts else 1), n - (parts - j)
+            near = range(max(first, target - window), min(last, target + window) + 1)
+            found = [k for k in near if self.valid(k)] or [
+                k for k in range(first, last + 1) if self.valid(k)
+            ]
+            if not found:
+                raise ValueError(f"no cut keeps Q/DQ pairs whole for part {j + 1} of {parts}")
+            cuts.append(min(found, key=lambda k: (len(self.crossing(k)), abs(k - target))))
+        return cuts
+
+    # ------------------------------------------------------------ building parts
+
+    def parts(self, cuts: Sequence[int]) -> list[Part]:
+        bounds = [0, *cuts, len(self.core)]
+        out = []
+        for j in range(len(bounds) - 1):
+            core = self.core[bounds[j] : bounds[j + 1]]
+            later = self.core[bounds[j + 1] :]
+            out.append(self._part(j, core, later))
+        return out
+
+    def _part(self, index: int, core: Sequence[int], later: Sequence[int]) -> Part:
+        g = self.model.graph
+        nodes = [g.node[i] for i in self._closure(core)]
+        inputs, outputs = self.io(core, later)
+        extra: list[onnx.NodeProto] = []
+        inits: list[onnx.TensorProto] = []
+        renamed: dict[str, str] = {}
+        if self.boundary == "float" and index > 0:
+            for name in inputs:  # re-quantize a DQ output at this part's start
+                p = self.producer.get(name)
+                if p is None or g.node[p].op_type != "DequantizeLinear":
+                    continue
+                dq = g.node[p]
+                q_in = dq.input[0]
+                qp = self.producer.get(q_in)
+                if qp is None or g.node[qp].op_type != "QuantizeLinear":
+                    continue
+                new = f"{name}__requantized"
+                renamed[name] = new
+                extra.append(
+                    helper.make_node(
+                        "QuantizeLinear",
+                        [name, *dq.input[1:]],
+                        [f"{new}__q"],
+                        name=f"{dq.name}__split_q",
+                        **_axis(g.node[qp]),
+                    )
+                )
+                extra.append(
+                    helper.make_node(
+                        "DequantizeLinear",
+                        [f"{new}__q", *dq.input[1:]],
+                        [new],
+                        name=f"{dq.name}__split_dq",
+                        **_axis(dq),
+                    )
+                )
+        body = []
+        for node in nodes:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(node)
+            for k, x in enumerate(copy.input):
+                if x in renamed:
+                    copy.input[k] = renamed[x]
+            body.append(copy)
+        used = {x for n in [*extra, *body] for x in _reads(n)}
+        inits = [t for t in g.initializer if t.name in used]
+        graph = helper.make_graph(
+            [*extra, *body],
+            f"{g.name or 'graph'}_part{index}",
+            [_value_info(self.model, x) for x in inputs],
+            [_value_info(self.model, x) for x in outputs],
+            inits,
+        )
+        model = helper.make_model(
+            graph, opset_imports=list(self.model.opset_import), ir_version=self.model.ir_version
+        )
+        return Part(model, tuple(inputs), tuple(outputs), len(core))
+
+
+def _axis(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+_INFERRED: dict[int, onnx.ModelProto] = {}
+
+
+def _inferred(model: onnx.ModelProto) -> onnx.ModelProto:
+    key = id(model)
+    if key not in _INFERRED:
+        _INFERRED.clear()
+        _INFERRED[key] = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    return _INFERRED[key]
+
+
+def _value_info(model: onnx.ModelProto, name: str) -> onnx.ValueInfoProto:
+    """The typed, shaped value info of `name` (graph I/O or inferred)."""
+    g = _inferred(model).graph
+    for vi in [*g.input, *g.output, *g.value_info]:
+        if vi.name == name:
+            return vi
+    raise ValueError(f"no type known for tensor '{name}': run shape inference (fix_shapes) first")
+
+
+def _elements(model: onnx.ModelProto) -> dict[str, int]:
+    g = _inferred(model).graph
+    out: dict[str, int] = {}
+    for vi in [*g.input, *g.output, *g.value_info]:
+        dims = vi.type.tensor_type.shape.dim
+        if all(d.HasField("dim_value") for d in dims):
+            out[vi.name] = math.prod(d.dim_value for d in dims)
+    for t in model.graph.initializer:
+        out[t.name] = math.prod(t.dims)
+    return out
+
+
+def split(
+    model: onnx.ModelProto,
+    parts: int,
+    boundary: Boundary = "quantized",
+    cuts: Sequence[int] | None = None,
+) -> list[Part]:
+    """`model` cut into `parts` consecutive parts (or at the given core positions)."""
+    splitter = Splitter(model, boundary)
+    return splitter.parts(list(cuts) if cuts is not None else splitter.choose_cuts(parts))
+
+
+def parts_for_budget(
+    model: onnx.ModelProto,
+    cost_mb: Callable[[onnx.ModelProto], float],
+    budget_mb: float,
+    boundary: Boundary = "quantized",
+    most: int = 16,
+) -> list[Part]:
+    """The fewest parts (1 to `most`) whose every part's `cost_mb` fits `budget_mb`;
+    ValueError when even `most` parts do not."""
+    splitter = Splitter(model, boundary)
+    for n in range(1, most + 1):
+        if n > len(splitter.core):
+            break
+        parts = splitter.parts(splitter.choose_cuts(n))
+        if all(cost_mb(p.model) <= budget_mb for p in parts):
+            return parts
+    raise ValueError(f"no split into at most {most} parts fits {budget_mb:.0f} MB per part")
