@@ -448,6 +448,7 @@ def check_sources_fit(plan: Plan, budget_mb: float) -> None:
                 comp.contract,
                 path if comp.facts.has_reference else None,
                 {d: on_disk[d] for d in deps if d in on_disk},
+                budget_mb,
             )
             estimate = step.impl.estimate_memory(path, step.config, inputs)
             if estimate is not None:
@@ -690,6 +691,8 @@ def _run_step(
         upstream=upstream,
         store=cache.root if cache.enabled else None,
         task=plan.recipe.catalog.data.get("task"),
+        budget_mb=budget_mb,
+        input_model=state.model,
         progress=(
             (lambda what, done, total: reporter.step_progress(comp.name, step, what, done, total))
             if reporter is not None
@@ -728,7 +731,7 @@ def _run_step(
     else:
         status = "ran"
         if state.model is not None:
-            estimate = _estimate(impl, step, state, comp, plan, upstream)
+            estimate = _estimate(impl, step, state, comp, plan, upstream, budget_mb)
             if estimate is not None:
                 from winml_recipes.engine.budget import check_fits
 
@@ -803,7 +806,13 @@ def _run_step(
 
 
 def _estimate(
-    impl, step: PlannedStep, state: ChainState, comp: ComponentPlan, plan: Plan, upstream
+    impl,
+    step: PlannedStep,
+    state: ChainState,
+    comp: ComponentPlan,
+    plan: Plan,
+    upstream,
+    budget_mb: float | None = None,
 ):
     from winml_recipes.sdk.estimates import EstimateInputs
 
@@ -813,6 +822,7 @@ def _estimate(
         comp.contract,
         state.reference,
         {n: (u.for_calibration()[0], u.contract) for n, u in upstream.items()},
+        budget_mb,
     )
     return impl.estimate_memory(state.model, step.config, inputs)
 
