@@ -55,7 +55,17 @@ def step_lines(s: StepRecord) -> list[str]:
         agree = metrics["compiled_vs_uncompiled"] or {}
         same = "bit-exact" if agree.get("bit_exact") else f"max_abs {agree.get('max_abs')}"
         names = ", ".join(a.name for a in s.artifacts or ())
-        out.append(f"compiled: {names} ({same} vs the uncompiled model on the EP)")
+        parts = s.split_parts
+        if parts:
+            against = f"the {len(parts)} uncompiled parts on the EP"
+            crossing = "; ".join(", ".join(p.inputs) for p in parts[1:])
+            out.append(
+                f"compiled in {len(parts)} parts ({metrics['split'].get('why')}), one "
+                f"EPContext node each; between them: {crossing}"
+            )
+        else:
+            against = "the uncompiled model on the EP"
+        out.append(f"compiled: {names} ({same} vs {against})")
     parity = metrics.get("torch_parity")
     if parity:
         worst = min(p["sqnr_db"] for p in parity.values())

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,27 +61,31 @@ def plan_split(
     """The parts to compile: `parts` when given, else one unless the EP's preparation
     estimate of the whole graph exceeds `budget_mb` (then the fewest, up to MOST_PARTS,
     whose every part fits)."""
-    return _plan(str(src), src.stat().st_mtime_ns, ep.key, tuple(sorted(shapes.items())),
-                 parts, budget_mb, boundary)  # fmt: skip
+    # the estimate, the cache key and the run ask the same question: answered once
+    key = (str(src), src.stat().st_mtime_ns, ep.key, ep.preparation_cost(),
+           tuple(sorted(shapes.items())), parts, budget_mb, boundary)  # fmt: skip
+    if _LAST and _LAST[0] == key:
+        return _LAST[1]
+    plan = _plan(src, ep, dict(shapes), parts, budget_mb, boundary)
+    _LAST[:] = [key, plan]
+    return plan
 
 
-@lru_cache(maxsize=1)
+_LAST: list[Any] = []  # (key, plan) of the last plan: one model's parts in memory at most
+
+
 def _plan(
-    src: str,
-    mtime_ns: int,
-    ep_key: str,
-    shapes: tuple,
+    src: Path,
+    ep: ExecutionProvider,
+    shape_map: dict[str, tuple[int, ...]],
     parts: int | None,
     budget_mb: float | None,
     boundary: Boundary,
 ) -> SplitPlan:
     from winml_recipes.onnx.io import load_model
     from winml_recipes.onnx.split import Splitter
-    from winml_recipes.sdk.ep import get_ep
 
-    ep = get_ep(ep_key)
-    model = load_model(Path(src), load_external_data=False)
-    shape_map = dict(shapes)
+    model = load_model(src, load_external_data=False)
     whole = _estimate(model, ep, shape_map)
     if parts == 1 or (parts is None and (whole is None or budget_mb is None or whole <= budget_mb)):
         return SplitPlan((), (), whole, "")
