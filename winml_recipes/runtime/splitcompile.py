@@ -97,7 +97,9 @@ def _plan(
         try:
             made = splitter.parts(splitter.choose_cuts(n))
         except ValueError as exc:
-            raise PassError(f"compile: cannot split into {n} parts: {exc}") from None
+            if parts is not None:
+                raise PassError(f"compile: cannot split into {n} parts: {exc}; ask fewer") from None
+            break  # no more places to cut
         # a part's own inputs are sized by shape inference (fix_shapes made them static)
         costs = [_estimate(p.model, ep, shape_map) or 0.0 for p in made]
         if parts is not None or max(costs) <= (budget_mb or float("inf")):
