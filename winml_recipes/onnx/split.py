@@ -88,6 +88,8 @@ class Splitter:
         self.quantized = any(n.op_type == "QuantizeLinear" for n in g.node)
         self.core = [i for i in range(len(g.node)) if i not in constant and i not in attached]
         self._sizes = _elements(model)
+        self._span_cache: dict[str, tuple[int, int]] | None = None
+        self._count_cache: tuple[list[int], list[int]] | None = None
 
     # ------------------------------------------------------------ one part's nodes
 
@@ -127,24 +129,53 @@ class Splitter:
         outputs += [x for x in dict.fromkeys(wanted) if x in own and x not in outputs]
         return inputs, outputs
 
+    def _spans(self) -> dict[str, tuple[int, int]]:
+        """Each tensor a core node makes and a later core node reads (directly, or through
+        the constant and attached nodes that travel with it): (maker, last reader) core
+        positions. A cut at k carries the tensors with maker < k <= last reader."""
+        if self._span_cache is None:
+            g = self.model.graph
+            position = {i: p for p, i in enumerate(self.core)}
+            spans: dict[str, tuple[int, int]] = {}
+            for p, i in enumerate(self.core):
+                for j in self._closure([i]):
+                    for x in _reads(g.node[j]):
+                        maker = position.get(self.producer.get(x, -1))
+                        if maker is not None and maker < p:
+                            first, last = spans.get(x, (maker, p))
+                            spans[x] = (first, max(last, p))
+            self._span_cache = spans
+        return self._span_cache
+
     def crossing(self, k: int) -> list[str]:
         """Tensors made before core position k and read from k on (besides graph inputs)."""
-        _, outs = self.io(self.core[:k], self.core[k:])
-        later = self._read_by(k)
-        return [x for x in outs if x in later]
+        return [x for x, (a, b) in self._spans().items() if a < k <= b]
 
     def valid(self, k: int) -> bool:
         """Whether a cut at core position k keeps every Q/DQ node unit whole: in a QDQ graph
         every crossing tensor is a QuantizeLinear output (a DequantizeLinear output with
         boundary "float"), never an op's float output before its Q."""
-        if not self.quantized:
-            return True
-        op = "QuantizeLinear" if self.boundary == "quantized" else "DequantizeLinear"
-        g = self.model.graph
-        return all(g.node[self.producer[x]].op_type == op for x in self.crossing(k))
+        return self._counts()[1][k] == 0
 
-    def _read_by(self, k: int) -> set[str]:
-        return {x for i in self._closure(self.core[k:]) for x in _reads(self.model.graph.node[i])}
+    def _counts(self) -> tuple[list[int], list[int]]:
+        """Per core position k: tensors a cut there carries, and those that break a Q/DQ
+        node unit (difference arrays over the spans)."""
+        if self._count_cache is None:
+            n = len(self.core)
+            carried, breaking = [0] * (n + 2), [0] * (n + 2)
+            op = "QuantizeLinear" if self.boundary == "quantized" else "DequantizeLinear"
+            g = self.model.graph
+            for x, (a, b) in self._spans().items():
+                carried[a + 1] += 1
+                carried[b + 1] -= 1
+                if self.quantized and g.node[self.producer[x]].op_type != op:
+                    breaking[a + 1] += 1
+                    breaking[b + 1] -= 1
+            for arr in (carried, breaking):
+                for k in range(1, n + 2):
+                    arr[k] += arr[k - 1]
+            self._count_cache = (carried, breaking)
+        return self._count_cache
 
     # ------------------------------------------------------------ choosing cuts
 
@@ -170,18 +201,20 @@ class Splitter:
         prefix = self.cost_prefix()
         total = prefix[-1] or 1.0
         window = max(1, int(WINDOW * n))
+        carried = self._counts()[0]
+        valid = [k for k in range(1, n) if self.valid(k)]
+        if len(valid) < parts - 1:
+            raise ValueError(f"{len(valid)} places keep Q/DQ pairs whole, {parts - 1} cuts asked")
         cuts: list[int] = []
         for j in range(1, parts):
             share = total * j / parts
             target = min(range(1, n), key=lambda k: abs(prefix[k] - share))
-            first, last = (cuts[-1] + 1 if cuts else 1), n - (parts - j)
-            near = range(max(first, target - window), min(last, target + window) + 1)
-            found = [k for k in near if self.valid(k)] or [
-                k for k in range(first, last + 1) if self.valid(k)
-            ]
-            if not found:
-                raise ValueError(f"no cut keeps Q/DQ pairs whole for part {j + 1} of {parts}")
-            cuts.append(min(found, key=lambda k: (len(self.crossing(k)), abs(k - target))))
+            # leave a valid place for every cut still to make
+            room = [k for k in valid if k > (cuts[-1] if cuts else 0)]
+            room = room[: len(room) - (parts - 1 - j)]
+            near = [k for k in room if abs(k - target) <= window]
+            near = near or [min(room, key=lambda k: abs(k - target))]
+            cuts.append(min(near, key=lambda k: (carried[k], abs(k - target))))
         return cuts
 
     # ------------------------------------------------------------ building parts

@@ -95,8 +95,11 @@ class CompilePass(Pass[CompileConfig]):
 
         ep = provider_for(inputs.target)
         prepare = preparation_estimate(src, inputs.contract, ep, "compile")
-        split = _split_plan(src, config, ep, inputs.contract, inputs.budget_mb)
-        if split.count and prepare is not None:  # one part is prepared at a time
+        try:
+            split = _split_plan(src, config, ep, inputs.contract, inputs.budget_mb)
+        except PassError:  # e.g. no split fits: the whole graph's estimate says so
+            split = None
+        if split is not None and split.count and prepare is not None:  # one at a time
             worst = max(split.estimates_mb)
             prepare = MemoryEstimate(
                 worst,
@@ -121,8 +124,11 @@ class CompilePass(Pass[CompileConfig]):
             from winml_recipes.runtime.splitcompile import SPLIT_VERSION
 
             # the budget decides the part count: the count (not the budget) is in the key
-            split = _split_plan(ctx.input_model, config, ep, ctx.contract, ctx.budget_mb)
-            if split.count:
+            try:
+                split = _split_plan(ctx.input_model, config, ep, ctx.contract, ctx.budget_mb)
+            except PassError:  # run() says it
+                split = None
+            if split is not None and split.count:
                 key["split"] = {"parts": split.count, "version": SPLIT_VERSION}
         return key
 
@@ -209,7 +215,10 @@ def _split_plan(src: Path, config: CompileConfig, ep: Any, contract: Any, budget
 
         return SplitPlan((), (), None, "")
     budget = budget_mb if budget_mb is not None else resolve_budget(None)
-    return plan_split(src, ep, _shapes(contract), config.parts, budget, config.boundary)
+    try:
+        return plan_split(src, ep, _shapes(contract), config.parts, budget, config.boundary)
+    except ValueError as exc:  # a tensor without a type: shapes not static yet
+        raise PassError(f"compile: cannot split the graph into parts: {exc}") from None
 
 
 def _run_split(
