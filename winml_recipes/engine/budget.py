@@ -98,6 +98,11 @@ def check_fits(estimate: MemoryEstimate, budget_mb: float, where: str) -> None:
 # ---------------------------------------------------------------- estimates for passes
 
 
+def contract_shapes(contract: IOContract) -> dict[str, tuple[int, ...]]:
+    """The inputs' concrete shapes under the contract's dims (unresolved ones left out)."""
+    return _shapes(contract)
+
+
 def _shapes(contract: IOContract) -> dict[str, tuple[int, ...]]:
     out = {}
     for spec in contract.inputs:

@@ -121,7 +121,7 @@ class CompilePass(Pass[CompileConfig]):
         ep = provider_for(ctx.target)
         key: dict[str, Any] = {"execution_provider": identity(ep.key)}
         if ctx.input_model is not None and ep.compiles is not None:
-            from winml_recipes.runtime.splitcompile import SPLIT_VERSION
+            from winml_recipes.sdk.runtime import SPLIT_VERSION
 
             # the budget decides the part count: the count (not the budget) is in the key
             try:
@@ -207,16 +207,17 @@ class CompilePass(Pass[CompileConfig]):
 
 def _split_plan(src: Path, config: CompileConfig, ep: Any, contract: Any, budget_mb: Any) -> Any:
     """The parts this compile makes (count 0: the graph is compiled whole)."""
-    from winml_recipes.engine.budget import _shapes, resolve_budget
-    from winml_recipes.runtime.splitcompile import plan_split
+    from winml_recipes.sdk.memory import contract_shapes, resolve_budget
+    from winml_recipes.sdk.runtime import plan_split
 
     if ep.compiles is None:
-        from winml_recipes.runtime.splitcompile import SplitPlan
+        from winml_recipes.sdk.runtime import SplitPlan
 
         return SplitPlan((), (), None, "")
     budget = budget_mb if budget_mb is not None else resolve_budget(None)
     try:
-        return plan_split(src, ep, _shapes(contract), config.parts, budget, config.boundary)
+        shapes = contract_shapes(contract)
+        return plan_split(src, ep, shapes, config.parts, budget, config.boundary)
     except ValueError as exc:  # a tensor without a type: shapes not static yet
         raise PassError(f"compile: cannot split the graph into parts: {exc}") from None
 
@@ -232,8 +233,13 @@ def _run_split(
 ) -> StepResult:
     """Compile `split`'s parts into one stitched model_ctx.onnx; compare it with the
     uncompiled parts run one after another on the EP (the whole graph may not prepare)."""
-    from winml_recipes.runtime.splitcompile import compile_parts, part_models
-    from winml_recipes.sdk.runtime import compare_runs, identity, open_session
+    from winml_recipes.sdk.runtime import (
+        compare_runs,
+        compile_parts,
+        identity,
+        open_session,
+        part_models,
+    )
     from winml_recipes.sdk.samples import synthetic, take
 
     compiled = out_dir / COMPILED
@@ -289,7 +295,7 @@ def _run_split(
 
 
 def _graph_outputs(path: Path) -> list[str]:
-    from winml_recipes.onnx.io import load_model
+    from winml_recipes.sdk.models import load_model
 
     return [o.name for o in load_model(path, load_external_data=False).graph.output]
 

@@ -2,10 +2,10 @@
 
 The graph is cut at tensor boundaries (onnx/split.py), each part compiled to its own
 EPContext model (a fresh process each, as `compile_epcontext` does), then the parts'
-EPContext nodes are stitched into ONE model: onnxruntime 1.31.1 with onnxruntime-qnn 2.7.0
+EPContext nodes are stitched into ONE model: onnxruntime 1.31.1 with the NPU's plugin EP
 loads a model holding several EPContext nodes in sequence, each with its own context
 binary, with CPU fallback off, and its outputs equal the unsplit compiled model's bit for
-bit (docs/split-compile.md). So `run`, `perf` and an application load `model_ctx.onnx` as
+bit (measured: docs/split-compile.md). So `run`, `perf` and an application load `model_ctx.onnx` as
 before; the manifest records the parts.
 """
 
@@ -137,7 +137,7 @@ def compile_parts(
     for j, part in enumerate(plan.parts):
         src = work_dir / f"part{j}.onnx"
         onnx.save(part.model, src)
-        # the context binary is written beside it: <stem>_qnn.bin in `out`'s folder
+        # the EP writes its context binary beside it, named after its stem, in `out`'s folder
         ctx = out.parent / f"{out.stem}_part{j}.onnx"
         compile_epcontext(
             src, ctx, ep_key, embed=embed, provider_options=provider_options, device=device
