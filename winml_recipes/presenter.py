@@ -58,7 +58,7 @@ def step_lines(s: StepRecord) -> list[str]:
         parts = s.split_parts
         if parts:
             against = f"the {len(parts)} uncompiled parts on the EP"
-            crossing = "; ".join(", ".join(p.inputs) for p in parts[1:])
+            crossing = "; ".join(_names(p.inputs) for p in parts[1:])
             out.append(
                 f"compiled in {len(parts)} parts ({metrics['split'].get('why')}), one "
                 f"EPContext node each; between them: {crossing}"
@@ -77,6 +77,14 @@ def step_lines(s: StepRecord) -> list[str]:
     if s.verified:
         out += [output_line(o, met, s.gates) for o, met in (metrics.get("outputs") or {}).items()]
     return out
+
+
+def _names(names: tuple[str, ...], shown: int = 3) -> str:
+    """Tensor names from a model, printable, the first `shown` of them."""
+    from winml_recipes.untrusted import printable
+
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(printable(n) for n in names[:shown]) + more
 
 
 def advisory_shapes_line(shapes: dict[str, dict[str, list]]) -> str:
