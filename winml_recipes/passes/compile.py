@@ -251,7 +251,7 @@ def _run_split(
             embed=config.embed, provider_options=provider_options, device=device,
         )  # fmt: skip
     except ExecutionProviderError as exc:
-        raise PassError(f"compile: a part of {split.count} failed: {exc.message}") from None
+        raise PassError(f"compile in {split.count} parts: {exc.message}") from None
     feeds = take(synthetic(ctx.contract, config.samples, config.seed + ctx.seed), config.samples)
     before: list[dict[str, Any]] = [dict(f) for f in feeds]
     for path in part_models(split, work):  # one session at a time

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import onnx
 from onnx import helper
 
-from winml_recipes.sdk.errors import PassError
+from winml_recipes.sdk.errors import ExecutionProviderError, PassError
+from winml_recipes.untrusted import printable
 
 if TYPE_CHECKING:
     from winml_recipes.onnx.split import Boundary, Part
@@ -139,9 +140,15 @@ def compile_parts(
         onnx.save(part.model, src)
         # the EP writes its context binary beside it, named after its stem, in `out`'s folder
         ctx = out.parent / f"{out.stem}_part{j}.onnx"
-        compile_epcontext(
-            src, ctx, ep_key, embed=embed, provider_options=provider_options, device=device
-        )
+        try:
+            compile_epcontext(
+                src, ctx, ep_key, embed=embed, provider_options=provider_options, device=device
+            )
+        except ExecutionProviderError as exc:
+            raise ExecutionProviderError(
+                f"part {j} of {plan.count} ({part.nodes} nodes from "
+                f"{printable(', '.join(part.inputs[:3]))}): {exc.message}; try more parts"
+            ) from None
         if not ctx.is_file():
             raise PassError(f"compile: part {j} produced no EPContext model")
         compiled.append(ctx)
