@@ -138,3 +138,15 @@ def test_the_budget_decides_how_many_parts(tmp_path: Path) -> None:
     assert asked.count == 3 and asked.why == "parts: 3 asked"
     with pytest.raises(PassError, match="no split into at most"):
         plan_split(path, ep, {}, None, budget_mb=0.01 * whole.whole_mb)  # one block exceeds it
+
+
+def test_cut_after_names_the_boundaries_and_refuses_a_float_one(tmp_path: Path) -> None:
+    path = tmp_path / "chain.onnx"
+    onnx.save(_chain(), path)
+    plan = plan_split(path, PLUGIN, {}, None, 1e9, cut_after=("mq1", "mq3"))
+    assert plan.count == 3 and plan.why == "cut after 2 tensors asked"
+    assert [p.inputs for p in plan.parts[1:]] == [("mq1",), ("mq3",)]
+    with pytest.raises(PassError, match="a cut after 'm2' would carry m2"):
+        plan_split(path, PLUGIN, {}, None, 1e9, cut_after=("m2",))  # MatMul before its Q
+    with pytest.raises(PassError, match="no node of the graph's core makes a tensor named 'nope'"):
+        plan_split(path, PLUGIN, {}, None, 1e9, cut_after=("nope",))

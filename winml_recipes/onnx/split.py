@@ -17,7 +17,7 @@ and activation elements), or a memory bound per part.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -219,6 +219,25 @@ class Splitter:
 
     # ------------------------------------------------------------ building parts
 
+    def cuts_after(self, names: Sequence[str]) -> list[int]:
+        """Core positions of cuts right after the nodes making `names` (e.g. a Q output);
+        ValueError naming a tensor where the cut would split a Q/DQ node unit."""
+        position = {i: p for p, i in enumerate(self.core)}
+        cuts = []
+        for name in names:
+            p = position.get(self.producer.get(name, -1))
+            if p is None:
+                raise ValueError(f"no node of the graph's core makes a tensor named '{name}'")
+            k = p + 1
+            if k >= len(self.core) or not self.valid(k):
+                others = ", ".join(self.crossing(k)[:4])
+                raise ValueError(
+                    f"a cut after '{name}' would carry {others}: not only quantized tensors "
+                    "(a Q/DQ node unit would be split); cut after a QuantizeLinear output"
+                )
+            cuts.append(k)
+        return sorted(set(cuts))
+
     def parts(self, cuts: Sequence[int]) -> list[Part]:
         bounds = [0, *cuts, len(self.core)]
         out = []
@@ -322,33 +341,3 @@ def _elements(model: onnx.ModelProto) -> dict[str, int]:
     for t in model.graph.initializer:
         out[t.name] = math.prod(t.dims)
     return out
-
-
-def split(
-    model: onnx.ModelProto,
-    parts: int,
-    boundary: Boundary = "quantized",
-    cuts: Sequence[int] | None = None,
-) -> list[Part]:
-    """`model` cut into `parts` consecutive parts (or at the given core positions)."""
-    splitter = Splitter(model, boundary)
-    return splitter.parts(list(cuts) if cuts is not None else splitter.choose_cuts(parts))
-
-
-def parts_for_budget(
-    model: onnx.ModelProto,
-    cost_mb: Callable[[onnx.ModelProto], float],
-    budget_mb: float,
-    boundary: Boundary = "quantized",
-    most: int = 16,
-) -> list[Part]:
-    """The fewest parts (1 to `most`) whose every part's `cost_mb` fits `budget_mb`;
-    ValueError when even `most` parts do not."""
-    splitter = Splitter(model, boundary)
-    for n in range(1, most + 1):
-        if n > len(splitter.core):
-            break
-        parts = splitter.parts(splitter.choose_cuts(n))
-        if all(cost_mb(p.model) <= budget_mb for p in parts):
-            return parts
-    raise ValueError(f"no split into at most {most} parts fits {budget_mb:.0f} MB per part")

@@ -59,6 +59,11 @@ class CompileConfig:
         minimum=1,
         maximum=16,
     )
+    cut_after: tuple[str, ...] | None = option(
+        None,
+        "Cut the graph right after these tensors (QuantizeLinear outputs), in graph order: "
+        "one part more than names. Wins over parts.",
+    )
     boundary: Literal["quantized", "float"] = option(
         "quantized",
         "What crosses between parts of a QDQ graph: the quantized tensor (a Q output) or "
@@ -217,7 +222,9 @@ def _split_plan(src: Path, config: CompileConfig, ep: Any, contract: Any, budget
     budget = budget_mb if budget_mb is not None else resolve_budget(None)
     try:
         shapes = contract_shapes(contract)
-        return plan_split(src, ep, shapes, config.parts, budget, config.boundary)
+        return plan_split(
+            src, ep, shapes, config.parts, budget, config.boundary, config.cut_after or ()
+        )
     except ValueError as exc:  # a tensor without a type: shapes not static yet
         raise PassError(f"compile: cannot split the graph into parts: {exc}") from None
 

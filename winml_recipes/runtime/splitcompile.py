@@ -58,16 +58,17 @@ def plan_split(
     parts: int | None,
     budget_mb: float | None,
     boundary: Boundary = "quantized",
+    cut_after: Sequence[str] = (),
 ) -> SplitPlan:
-    """The parts to compile: `parts` when given, else one unless the EP's preparation
-    estimate of the whole graph exceeds `budget_mb` (then the fewest, up to MOST_PARTS,
-    whose every part fits)."""
+    """The parts to compile: cut after the tensors `cut_after` names when given, else
+    `parts` when given, else one unless the EP's preparation estimate of the whole graph
+    exceeds `budget_mb` (then the fewest, up to MOST_PARTS, whose every part fits)."""
     # the estimate, the cache key and the run ask the same question: answered once
     key = (str(src), src.stat().st_mtime_ns, ep.key, ep.preparation_cost(),
-           tuple(sorted(shapes.items())), parts, budget_mb, boundary)  # fmt: skip
+           tuple(sorted(shapes.items())), parts, budget_mb, boundary, tuple(cut_after))  # fmt: skip
     if _LAST and _LAST[0] == key:
         return _LAST[1]
-    plan = _plan(src, ep, dict(shapes), parts, budget_mb, boundary)
+    plan = _plan(src, ep, dict(shapes), parts, budget_mb, boundary, tuple(cut_after))
     _LAST[:] = [key, plan]
     return plan
 
@@ -82,11 +83,23 @@ def _plan(
     parts: int | None,
     budget_mb: float | None,
     boundary: Boundary,
+    cut_after: tuple[str, ...],
 ) -> SplitPlan:
     from winml_recipes.onnx.io import load_model
     from winml_recipes.onnx.split import Splitter
 
     model = load_model(src, load_external_data=False)
+    if cut_after:
+        splitter = Splitter(model, boundary)
+        try:
+            made = splitter.parts(splitter.cuts_after(cut_after))
+        except ValueError as exc:
+            raise PassError(f"compile: cut_after: {exc}") from None
+        costs = [_estimate(p.model, ep, shape_map) or 0.0 for p in made]
+        whole = _estimate(model, ep, shape_map)
+        return SplitPlan(
+            tuple(made), tuple(costs), whole, f"cut after {len(made) - 1} tensors asked"
+        )
     whole = _estimate(model, ep, shape_map)
     if parts == 1 or (parts is None and (whole is None or budget_mb is None or whole <= budget_mb)):
         return SplitPlan((), (), whole, "")
