@@ -150,3 +150,43 @@ def test_cut_after_names_the_boundaries_and_refuses_a_float_one(tmp_path: Path) 
         plan_split(path, PLUGIN, {}, None, 1e9, cut_after=("m2",))  # MatMul before its Q
     with pytest.raises(PassError, match="no node of the graph's core makes a tensor named 'nope'"):
         plan_split(path, PLUGIN, {}, None, 1e9, cut_after=("nope",))
+
+
+def test_a_dequantized_tensor_read_on_both_sides_crosses_once_quantized() -> None:
+    """x -> Q -> DQ read by Relu (part 0) and by Add (part 1, a residual): part 0 gives only
+    the quantized tensors; part 1 dequantizes its own copy. (A part that also gave the DQ
+    output made the stitched sam3-mid model abort in onnxruntime.)"""
+    init = [
+        numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+        numpy_helper.from_array(np.array(32768, np.uint16), "z"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q0"]),
+        helper.make_node("DequantizeLinear", ["q0", "s", "z"], ["d0"]),
+        helper.make_node("Relu", ["d0"], ["r"]),
+        helper.make_node("QuantizeLinear", ["r", "s", "z"], ["q1"]),
+        helper.make_node("DequantizeLinear", ["q1", "s", "z"], ["d1"]),
+        helper.make_node("Add", ["d1", "d0"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "residual",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 4]),
+            helper.make_tensor_value_info("d0", TensorProto.FLOAT, [4, 4]),
+        ],
+        init,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    splitter = Splitter(model)
+    cut = splitter.cuts_after(["q1"])
+    first, second = splitter.parts(cut)
+    assert set(first.outputs) == {"q0", "q1", "d0"}  # d0: a graph output, given once
+    assert set(second.inputs) == {"q0", "q1"} and second.outputs == ("y",)
+    feed = {"x": np.random.default_rng(2).normal(0, 1, (4, 4)).astype(np.float32)}
+    whole = open_bytes_session(model.SerializeToString()).run(None, feed)
+    want = dict(zip(["y", "d0"], whole, strict=True))
+    got = _run_parts([first, second], feed)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])

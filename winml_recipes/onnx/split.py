@@ -113,9 +113,12 @@ class Splitter:
             todo += _reads(self.model.graph.node[p])
         return sorted(nodes)
 
-    def io(self, core: Sequence[int], later: Sequence[int]) -> tuple[list[str], list[str]]:
+    def io(
+        self, core: Sequence[int], later: Sequence[int], given: frozenset[str] = frozenset()
+    ) -> tuple[list[str], list[str]]:
         """A part's inputs (read, not made here, not weights) and outputs (made here and
-        read by `later` core nodes or the graph's outputs)."""
+        read by `later` core nodes that do not make it themselves, e.g. with their own copy
+        of a DequantizeLinear, or the graph's outputs not `given` by an earlier part)."""
         nodes = self._closure(core)
         made = {x for i in nodes for x in self.model.graph.node[i].output if x}
         inputs: list[str] = []
@@ -123,9 +126,11 @@ class Splitter:
             for x in _reads(self.model.graph.node[i]):
                 if x not in made and x not in self.initializers and x not in inputs:
                     inputs.append(x)
-        wanted = [x for i in self._closure(later) for x in _reads(self.model.graph.node[i])]
+        rest = self._closure(later)
+        remade = {x for i in rest for x in self.model.graph.node[i].output}
+        wanted = [x for i in rest for x in _reads(self.model.graph.node[i]) if x not in remade]
         own = {x for i in nodes if i not in self.constant for x in self.model.graph.node[i].output}
-        outputs = [x for x in self.graph_outputs if x in made]
+        outputs = [x for x in self.graph_outputs if x in made and x not in given]
         outputs += [x for x in dict.fromkeys(wanted) if x in own and x not in outputs]
         return inputs, outputs
 
@@ -240,17 +245,21 @@ class Splitter:
 
     def parts(self, cuts: Sequence[int]) -> list[Part]:
         bounds = [0, *cuts, len(self.core)]
-        out = []
+        out: list[Part] = []
+        given: set[str] = set()  # graph outputs an earlier part gives
         for j in range(len(bounds) - 1):
             core = self.core[bounds[j] : bounds[j + 1]]
             later = self.core[bounds[j + 1] :]
-            out.append(self._part(j, core, later))
+            out.append(self._part(j, core, later, frozenset(given)))
+            given.update(x for x in out[-1].outputs if x in self.graph_outputs)
         return out
 
-    def _part(self, index: int, core: Sequence[int], later: Sequence[int]) -> Part:
+    def _part(
+        self, index: int, core: Sequence[int], later: Sequence[int], given: frozenset[str]
+    ) -> Part:
         g = self.model.graph
         nodes = [g.node[i] for i in self._closure(core)]
-        inputs, outputs = self.io(core, later)
+        inputs, outputs = self.io(core, later, given)
         extra: list[onnx.NodeProto] = []
         inits: list[onnx.TensorProto] = []
         renamed: dict[str, str] = {}
