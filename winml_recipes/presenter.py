@@ -54,11 +54,21 @@ def step_lines(s: StepRecord) -> list[str]:
     if "compiled_vs_uncompiled" in metrics and s.status != "skipped":
         agree = metrics["compiled_vs_uncompiled"]
         names = ", ".join(a.name for a in s.artifacts or ())
+        parts = s.split_parts
         if agree is None:  # compile: {samples: 0}
-            out.append(f"compiled: {names} (loaded back on the EP, every node there; not run)")
+            same, against = "loaded back with every node there; not run", "on the EP"
         else:
             same = "bit-exact" if agree.get("bit_exact") else f"max_abs {agree.get('max_abs')}"
-            out.append(f"compiled: {names} ({same} vs the uncompiled model on the EP)")
+            against = "vs the uncompiled model on the EP"
+        if parts:
+            if agree is not None:
+                against = f"vs the {len(parts)} uncompiled parts on the EP"
+            crossing = "; ".join(_names(p.inputs) for p in parts[1:])
+            out.append(
+                f"compiled in {len(parts)} parts ({metrics['split'].get('why')}), one "
+                f"EPContext node each; between them: {crossing}"
+            )
+        out.append(f"compiled: {names} ({same} {against})")
     parity = metrics.get("torch_parity")
     if parity:
         worst = min(p["sqnr_db"] for p in parity.values())
@@ -70,6 +80,14 @@ def step_lines(s: StepRecord) -> list[str]:
     if s.verified:
         out += [output_line(o, met, s.gates) for o, met in (metrics.get("outputs") or {}).items()]
     return out
+
+
+def _names(names: tuple[str, ...], shown: int = 3) -> str:
+    """Tensor names from a model, printable, the first `shown` of them."""
+    from winml_recipes.untrusted import printable
+
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(printable(n) for n in names[:shown]) + more
 
 
 def advisory_shapes_line(shapes: dict[str, dict[str, list]]) -> str:

@@ -320,7 +320,35 @@ def _artifacts_section(build: BuildFolder) -> str:
                     f'<span class="num">{f["size_bytes"] / 1e6:.2f}</span>',
                 ]
             )
-    return _table(["component", "file", "MB"], rows)
+    return _table(["component", "file", "MB"], rows) + _split_section(build)
+
+
+def _split_section(build: BuildFolder) -> str:
+    """Components compiled in parts: one row per part (one EPContext node each)."""
+    rows = []
+    for name, record in build.manifest["components"].items():
+        for s in record["steps"]:
+            split = (s.get("metrics") or {}).get("split")
+            if s["pass"] != "compile" or not isinstance(split, dict):
+                continue
+            for p in split.get("parts") or []:
+                rows.append(
+                    [
+                        _e(name),
+                        _e(p.get("index")),
+                        f'<span class="num">{_e(p.get("nodes"))}</span>',
+                        _e(", ".join(p.get("inputs") or [])),
+                        _e(", ".join(p.get("outputs") or [])),
+                        f'<span class="num">{_num(p.get("estimate_mb", ""), ".0f")}</span>',
+                        f"<code>{_e(', '.join(p.get('binaries') or []))}</code>",
+                    ]
+                )
+    if not rows:
+        return ""
+    head = "<p>compiled in parts: model_ctx.onnx holds one EPContext node per part</p>"
+    return head + _table(
+        ["component", "part", "nodes", "inputs", "outputs", "estimate MB", "binary"], rows
+    )
 
 
 def render(build: BuildFolder, layers: bool | None = None, budget_mb: float | None = None) -> str:

@@ -20,6 +20,8 @@ from winml_recipes.sdk.errors import MemoryBudgetError, RecipeError
 from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
 
 if TYPE_CHECKING:
+    import onnx
+
     from winml_recipes.sdk.ep import ExecutionProvider
 
 BUDGET_ENV = "WINML_RECIPES_MEMORY_BUDGET"
@@ -96,6 +98,11 @@ def check_fits(estimate: MemoryEstimate, budget_mb: float, where: str) -> None:
 # ---------------------------------------------------------------- estimates for passes
 
 
+def contract_shapes(contract: IOContract) -> dict[str, tuple[int, ...]]:
+    """The inputs' concrete shapes under the contract's dims (unresolved ones left out)."""
+    return _shapes(contract)
+
+
 def _shapes(contract: IOContract) -> dict[str, tuple[int, ...]]:
     out = {}
     for spec in contract.inputs:
@@ -140,14 +147,28 @@ def preparation_estimate(
     """Preparing `model` for `ep` (session creation or compile on its backend), from the EP
     plugin's fitted cost and the model's largest activation at the contract's shapes; None
     when the EP gives no cost (the CPU EP: the forward estimate covers it)."""
-    from winml_recipes.onnx.footprint import largest_activation, weight_bytes
     from winml_recipes.onnx.io import load_model
+
+    if ep.preparation_cost() is None:
+        return None
+    proto = load_model(model, load_external_data=False)
+    return graph_preparation_estimate(proto, _shapes(contract), ep, what)
+
+
+def graph_preparation_estimate(
+    model: onnx.ModelProto,
+    shapes: dict[str, tuple[int, ...]],
+    ep: ExecutionProvider,
+    what: str = "graph preparation",
+) -> MemoryEstimate | None:
+    """`preparation_estimate` of a graph in memory (e.g. one part of a split graph)."""
+    from winml_recipes.onnx.footprint import largest_activation_of, weight_bytes
 
     cost = ep.preparation_cost()
     if cost is None:
         return None
-    name, elements = largest_activation(model, _shapes(contract))
-    weights = weight_bytes(load_model(model, load_external_data=False)) / (1024 * 1024)
+    name, elements = largest_activation_of(model, shapes)
+    weights = weight_bytes(model) / (1024 * 1024)
     millions = elements / 1e6
     mb = cost.base_mb + cost.mb_per_million * millions + cost.weight_factor * weights
     made_of = (

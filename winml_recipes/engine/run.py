@@ -451,6 +451,7 @@ def check_sources_fit(plan: Plan, budget_mb: float) -> None:
                 comp.contract,
                 path if comp.facts.has_reference else None,
                 {d: on_disk[d] for d in deps if d in on_disk},
+                budget_mb,
             )
             estimate = step.impl.estimate_memory(path, step.config, inputs)
             if estimate is not None:
@@ -693,6 +694,8 @@ def _run_step(
         upstream=upstream,
         store=cache.root if cache.enabled else None,
         task=plan.recipe.catalog.data.get("task"),
+        budget_mb=budget_mb,
+        input_model=state.model,
         progress=(
             (lambda what, done, total: reporter.step_progress(comp.name, step, what, done, total))
             if reporter is not None
@@ -731,7 +734,7 @@ def _run_step(
     else:
         status = "ran"
         if state.model is not None:
-            estimate = _estimate(impl, step, state, comp, plan, upstream)
+            estimate = _estimate(impl, step, state, comp, plan, upstream, budget_mb)
             if estimate is not None:
                 from winml_recipes.engine.budget import check_fits
 
@@ -806,7 +809,13 @@ def _run_step(
 
 
 def _estimate(
-    impl, step: PlannedStep, state: ChainState, comp: ComponentPlan, plan: Plan, upstream
+    impl,
+    step: PlannedStep,
+    state: ChainState,
+    comp: ComponentPlan,
+    plan: Plan,
+    upstream,
+    budget_mb: float | None = None,
 ):
     from winml_recipes.sdk.estimates import EstimateInputs
 
@@ -816,6 +825,7 @@ def _estimate(
         comp.contract,
         state.reference,
         {n: (u.for_calibration()[0], u.contract) for n, u in upstream.items()},
+        budget_mb,
     )
     return impl.estimate_memory(state.model, step.config, inputs)
 

@@ -118,7 +118,13 @@ def largest_activation(
     its own precision (16-bit activations on an NPU)."""
     from winml_recipes.onnx.io import load_model
 
-    model = load_model(Path(path), load_external_data=False)
+    return largest_activation_of(load_model(Path(path), load_external_data=False), input_shapes)
+
+
+def largest_activation_of(
+    model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None
+) -> tuple[str, int]:
+    """`largest_activation` of a graph in memory."""
     initializers = {t.name for t in model.graph.initializer}
     sized = _sizes(_with_input_shapes(model, input_shapes or {}), bytes_=False)
     best = ("", 0)

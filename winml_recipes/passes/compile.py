@@ -5,11 +5,16 @@ Creating a session on the EP with `ep.context_enable=1` makes it compile the gra
 `model_ctx.onnx` (an `EPContext` node holding, or pointing at, the EP's context binary):
 what a device loads without compiling again. The compiled model is then loaded back on the
 same EP and its outputs compared with the uncompiled model's on that EP.
+
+A graph whose preparation would not fit the memory budget (the EP plugin's
+PreparationCost), or any graph with `parts: N`, is compiled as N consecutive parts cut at
+tensor boundaries and stitched into one `model_ctx.onnx` holding one EPContext node (and
+context binary) per part (runtime/splitcompile.py); the comparison is then with the
+uncompiled parts run in sequence on the EP.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -46,6 +51,24 @@ class CompileConfig:
         "Fail where the EP cannot load on this host (default: the step is skipped with the "
         "reason).",
     )
+    parts: int | None = option(
+        None,
+        "Compile the graph as this many consecutive parts, cut at tensor boundaries, in "
+        "one model_ctx.onnx with an EPContext node per part. Default: one part, or the "
+        "fewest whose every part's preparation estimate fits the memory budget.",
+        minimum=1,
+        maximum=16,
+    )
+    cut_after: tuple[str, ...] | None = option(
+        None,
+        "Cut the graph right after these tensors (QuantizeLinear outputs), in graph order: "
+        "one part more than names. Wins over parts.",
+    )
+    boundary: Literal["quantized", "float"] = option(
+        "quantized",
+        "What crosses between parts of a QDQ graph: the quantized tensor (a Q output) or "
+        "its float DequantizeLinear output, quantized again at the next part's start.",
+    )
     samples: int = option(
         1,
         "Synthetic samples run through both the compiled and the uncompiled model on the EP "
@@ -79,17 +102,29 @@ class CompilePass(Pass[CompileConfig]):
     def estimate_memory(
         self, src: Path, config: CompileConfig, inputs: EstimateInputs
     ) -> MemoryEstimate | None:
+        from winml_recipes.sdk.estimates import MemoryEstimate
         from winml_recipes.sdk.memory import forward_estimate, larger, preparation_estimate
         from winml_recipes.sdk.runtime import provider_for
 
-        # the EP prepares the graph (in a child process), then both models run on it
-        prepared = preparation_estimate(
-            src, inputs.contract, provider_for(inputs.target), "compile"
-        )
+        ep = provider_for(inputs.target)
+        prepare = preparation_estimate(src, inputs.contract, ep, "compile")
+        try:
+            split = _split_plan(src, config, ep, inputs.contract, inputs.budget_mb)
+        except PassError:  # e.g. no split fits: the whole graph's estimate says so
+            split = None
+        if split is not None and split.count and prepare is not None:  # one at a time
+            worst = max(split.estimates_mb)
+            prepare = MemoryEstimate(
+                worst,
+                f"compile in {split.count} parts ({split.why}): the largest part's "
+                f"preparation for {ep.key} (whole graph: {prepare.mb:.0f} MB)",
+                prepare.lower_by,
+            )
         if config.samples == 0:  # loaded back, not run
-            return prepared
+            return prepare
+        # the EP prepares the graph (in a child process), then both models run on it
         return larger(
-            prepared, forward_estimate(src, inputs.contract, "compiled vs uncompiled forward")
+            prepare, forward_estimate(src, inputs.contract, "compiled vs uncompiled forward")
         )
 
     def opens_on_target(self, config: CompileConfig) -> bool:
@@ -98,7 +133,19 @@ class CompilePass(Pass[CompileConfig]):
     def key_material(self, config: CompileConfig, ctx: StepContext) -> Any:
         from winml_recipes.sdk.runtime import identity, provider_for
 
-        return {"execution_provider": identity(provider_for(ctx.target).key)}
+        ep = provider_for(ctx.target)
+        key: dict[str, Any] = {"execution_provider": identity(ep.key)}
+        if ctx.input_model is not None and ep.compiles is not None:
+            from winml_recipes.sdk.runtime import SPLIT_VERSION
+
+            # the budget decides the part count: the count (not the budget) is in the key
+            try:
+                split = _split_plan(ctx.input_model, config, ep, ctx.contract, ctx.budget_mb)
+            except PassError:  # run() says it
+                split = None
+            if split is not None and split.count:
+                key["split"] = {"parts": split.count, "version": SPLIT_VERSION}
+        return key
 
     def run(
         self, src: Path | None, out_dir: Path, config: CompileConfig, ctx: StepContext
@@ -123,6 +170,9 @@ class CompilePass(Pass[CompileConfig]):
             return StepResult(skipped=f"{ep.provider} not available here: {avail.reason}")
         compiled = out_dir / COMPILED
         provider_options = _provider_options(config, ep)
+        split = _split_plan(src, config, ep, ctx.contract, ctx.budget_mb)
+        if split.count:
+            return _run_split(src, out_dir, config, ctx, ep, split, provider_options)
         # A child process compiles: the same bytes wherever and after whatever it runs.
         try:
             compile_epcontext(
@@ -139,20 +189,8 @@ class CompilePass(Pass[CompileConfig]):
         if not compiled.is_file():
             raise PassError(f"{ep.provider} wrote no EPContext model")
         device = ctx.target.device
-        artifacts = sorted(p.name for p in out_dir.iterdir() if p.is_file())
-        artifacts.remove(COMPILED)
-        record = {
-            "execution_provider": identity(ep.key),
-            "provider_options": provider_options,
-            "embed": config.embed,
-        }
-        if config.samples == 0:  # loaded back (every node on the EP), not run
-            started = time.perf_counter()
-            open_session(compiled, ep.key, fallback=False, device=device)
-            record["compiled_vs_uncompiled"] = None
-            record["loaded_back_seconds"] = round(time.perf_counter() - started, 2)
-            return StepResult(None, record, artifacts=(COMPILED, *artifacts),
-                              ship_model=config.keep_uncompiled)  # fmt: skip
+        if config.samples == 0:
+            return _loaded_back(out_dir, config, ep, device, provider_options, {})
         uncompiled = open_session(
             src, ep.key, fallback=False, provider_options=provider_options, device=device
         )
@@ -165,10 +203,14 @@ class CompilePass(Pass[CompileConfig]):
         after = [loaded.run(f, i) for i, f in enumerate(feeds)]
         agreement = compare_runs(before, after)
         max_abs = max(m["max_abs"] for m in agreement.values())
+        artifacts = sorted(p.name for p in out_dir.iterdir() if p.is_file())
+        artifacts.remove(COMPILED)
         return StepResult(
             None,
             {
-                **record,
+                "execution_provider": identity(ep.key),
+                "provider_options": provider_options,
+                "embed": config.embed,
                 "compiled_vs_uncompiled": {
                     "max_abs": max_abs,
                     "bit_exact": max_abs == 0.0,
@@ -178,6 +220,139 @@ class CompilePass(Pass[CompileConfig]):
             artifacts=(COMPILED, *artifacts),
             ship_model=config.keep_uncompiled,
         )
+
+
+def _split_plan(src: Path, config: CompileConfig, ep: Any, contract: Any, budget_mb: Any) -> Any:
+    """The parts this compile makes (count 0: the graph is compiled whole)."""
+    from winml_recipes.sdk.memory import contract_shapes, resolve_budget
+    from winml_recipes.sdk.runtime import plan_split
+
+    if ep.compiles is None:
+        from winml_recipes.sdk.runtime import SplitPlan
+
+        return SplitPlan((), (), None, "")
+    budget = budget_mb if budget_mb is not None else resolve_budget(None)
+    try:
+        shapes = contract_shapes(contract)
+        return plan_split(
+            src, ep, shapes, config.parts, budget, config.boundary, config.cut_after or ()
+        )
+    except ValueError as exc:  # a tensor without a type: shapes not static yet
+        raise PassError(f"compile: cannot split the graph into parts: {exc}") from None
+
+
+def _run_split(
+    src: Path,
+    out_dir: Path,
+    config: CompileConfig,
+    ctx: StepContext,
+    ep: Any,
+    split: Any,
+    provider_options: dict[str, str],
+) -> StepResult:
+    """Compile `split`'s parts into one stitched model_ctx.onnx; compare it with the
+    uncompiled parts run one after another on the EP (the whole graph may not prepare)."""
+    from winml_recipes.sdk.runtime import (
+        compare_runs,
+        compile_parts,
+        identity,
+        open_session,
+        part_models,
+    )
+    from winml_recipes.sdk.samples import synthetic, take
+
+    compiled = out_dir / COMPILED
+    device = ctx.target.device
+    work = ctx.work_dir / "parts"
+    try:
+        parts = compile_parts(
+            split, src, work, compiled, ep.key,
+            embed=config.embed, provider_options=provider_options, device=device,
+        )  # fmt: skip
+    except ExecutionProviderError as exc:
+        raise PassError(f"compile in {split.count} parts: {exc.message}") from None
+    split_record = {
+        "parts": parts,
+        "boundary": config.boundary,
+        "why": split.why,
+        "whole_estimate_mb": None if split.whole_mb is None else round(split.whole_mb),
+    }
+    if config.samples == 0:
+        return _loaded_back(out_dir, config, ep, device, provider_options, {"split": split_record})
+    feeds = take(synthetic(ctx.contract, config.samples, config.seed + ctx.seed), config.samples)
+    before: list[dict[str, Any]] = [dict(f) for f in feeds]
+    for path in part_models(split, work):  # one session at a time
+        session = open_session(
+            path, ep.key, fallback=False, provider_options=provider_options, device=device
+        )
+        names = [i.name for i in session.session.get_inputs()]
+        for i, values in enumerate(before):
+            values.update(session.run({n: values[n] for n in names}, i))
+        del session
+    outputs = _graph_outputs(src)
+    before = [{n: v[n] for n in outputs} for v in before]
+    loaded = open_session(compiled, ep.key, fallback=False, device=device)
+    after = [loaded.run(f, i) for i, f in enumerate(feeds)]
+    agreement = compare_runs(before, after)
+    max_abs = max(m["max_abs"] for m in agreement.values())
+    artifacts = sorted(p.name for p in out_dir.iterdir() if p.is_file())
+    artifacts.remove(COMPILED)
+    return StepResult(
+        None,
+        {
+            "execution_provider": identity(ep.key),
+            "provider_options": provider_options,
+            "embed": config.embed,
+            "split": split_record,
+            "compiled_vs_uncompiled": {
+                "max_abs": max_abs,
+                "bit_exact": max_abs == 0.0,
+                "samples": config.samples,
+                "against": f"the {split.count} uncompiled parts in sequence on the EP",
+            },
+        },
+        artifacts=(COMPILED, *artifacts),
+        ship_model=config.keep_uncompiled,
+    )
+
+
+def _loaded_back(
+    out_dir: Path,
+    config: CompileConfig,
+    ep: Any,
+    device: str,
+    provider_options: dict[str, str],
+    extra: dict[str, Any],
+) -> StepResult:
+    """`samples: 0`: the compiled model loaded back on the EP with CPU fallback off (every
+    node placed there), not run; the record says so."""
+    import time
+
+    from winml_recipes.sdk.runtime import identity, open_session
+
+    started = time.perf_counter()
+    open_session(out_dir / COMPILED, ep.key, fallback=False, device=device)
+    artifacts = sorted(p.name for p in out_dir.iterdir() if p.is_file())
+    artifacts.remove(COMPILED)
+    return StepResult(
+        None,
+        {
+            "execution_provider": identity(ep.key),
+            "provider_options": provider_options,
+            "embed": config.embed,
+            **extra,
+            "compiled_vs_uncompiled": None,
+            "loaded_back_seconds": round(time.perf_counter() - started, 2),
+        },
+        artifacts=(COMPILED, *artifacts),
+        ship_model=config.keep_uncompiled,
+    )
+
+
+def _graph_outputs(path: Path) -> list[str]:
+    from winml_recipes.sdk.models import load_model
+
+    return [o.name for o in load_model(path, load_external_data=False).graph.output]
 
 
 def _provider_options(config: CompileConfig, ep: Any) -> dict[str, str]:

@@ -22,7 +22,8 @@ entry-point group (`name = "package.module:PLUGIN"`). It says:
   keep op types on the CPU, for a failing region);
 - memory: `preparation_cost()` (a `PreparationCost`: what preparing a graph for the EP,
   session creation or compile, takes against the graph's largest activation; the budget
-  estimates `verify` on the target and `compile` from it), or None (not estimated).
+  estimates `verify` on the target and `compile` from it, and `compile` cuts a graph over
+  the budget into parts that fit, one EPContext node each), or None (not estimated).
 
 The module imports nothing heavy: onnxruntime is imported inside the methods that need it.
 Nothing outside a plugin names an EP; the engine asks `get_ep(key)` / `ep_for_device`.

@@ -18,6 +18,7 @@ class EstimateInputs:
     contract: IOContract
     reference: Path | None = None  # the component's float reference model
     upstream: Mapping[str, tuple[Path, IOContract]] = field(default_factory=dict)
+    budget_mb: float | None = None  # the build's memory budget (None: not known here)
 
 
 @dataclass(frozen=True)

@@ -14,18 +14,24 @@ if TYPE_CHECKING:  # the names, for type checkers and editors
     from winml_recipes.engine.budget import (
         RUNTIME_MB,
         RewritesGraph,
+        contract_shapes,
         forward_estimate,
+        graph_preparation_estimate,
         larger,
         preparation_estimate,
+        resolve_budget,
         rewrite_estimate,
     )
 
 __all__ = [
     "RUNTIME_MB",
     "RewritesGraph",
+    "contract_shapes",
     "forward_estimate",
+    "graph_preparation_estimate",
     "larger",
     "preparation_estimate",
+    "resolve_budget",
     "rewrite_estimate",
 ]
 

@@ -58,6 +58,31 @@ class ArtifactRecord:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CompiledPartRecord:
+    """One part of a graph compiled in parts (compile's metrics.split.parts[]): its core
+    nodes, the tensors it takes and gives, its estimated preparation peak and its context
+    binaries. model_ctx.onnx holds one EPContext node per part, in order."""
+
+    index: int
+    nodes: int
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    estimate_mb: float | None = None
+    binaries: tuple[str, ...] = ()
+
+    @classmethod
+    def from_manifest(cls, data: dict[str, Any]) -> CompiledPartRecord:
+        return cls(
+            index=int(data["index"]),
+            nodes=int(data["nodes"]),
+            inputs=tuple(data.get("inputs") or ()),
+            outputs=tuple(data.get("outputs") or ()),
+            estimate_mb=data.get("estimate_mb"),
+            binaries=tuple(data.get("binaries") or ()),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class StepRecord:
     """What one step did: ran, came from the cache, was skipped (with why) or failed."""
 
@@ -90,7 +115,9 @@ class StepRecord:
         "{key, provider, backend, available, versions | reason}, placement {nodes, "
         "partitions per EP} and cpu_simulation {outputs}; quantize with mixed_precision "
         "auto adds mixed_precision_auto (promoted[] with kind, round and the damage "
-        "measured for each, rounds[] with each round's output SQNR; README, Quantization).",
+        "measured for each, rounds[] with each round's output SQNR; README, Quantization); "
+        "compile in parts adds split {parts[] (CompiledPartRecord: index, nodes, inputs, "
+        "outputs, estimate_mb, binaries), boundary, why, whole_estimate_mb}.",
         None,
     )
     artifacts: tuple[ArtifactRecord, ...] | None = describe(
@@ -121,6 +148,12 @@ class StepRecord:
         (verify does: `verified_on` says where, `outputs` holds the metrics, `gates` the
         thresholds they were held to)."""
         return bool(self.measured.get("verified_on"))
+
+    @property
+    def split_parts(self) -> list[CompiledPartRecord]:
+        """compile's parts when it compiled the graph in parts ([] when whole)."""
+        split = self.measured.get("split") or {}
+        return [CompiledPartRecord.from_manifest(p) for p in split.get("parts") or []]
 
     @property
     def gates(self) -> list[Gate]:

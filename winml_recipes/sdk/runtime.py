@@ -23,16 +23,28 @@ if TYPE_CHECKING:  # the names, for type checkers and editors
     )
     from winml_recipes.runtime.sessions import open_session, optimize_offline, run_model
     from winml_recipes.runtime.sessions import run_model as run_reference
+    from winml_recipes.runtime.splitcompile import (
+        SPLIT_VERSION,
+        SplitPlan,
+        compile_parts,
+        part_models,
+        plan_split,
+    )
     from winml_recipes.runtime.target import run_on_target
 
 __all__ = [
+    "SPLIT_VERSION",
+    "SplitPlan",
     "availability",
     "compare_runs",
     "compile_epcontext",
+    "compile_parts",
     "explain",
     "identity",
     "open_session",
     "optimize_offline",
+    "part_models",
+    "plan_split",
     "provider_for",
     "provider_for_device",
     "run_model",
@@ -66,6 +78,10 @@ def __getattr__(name: str) -> Any:
         return getattr(module, name)
     if name in ("open_session", "optimize_offline", "run_model"):
         from winml_recipes.runtime import sessions as module
+
+        return getattr(module, name)
+    if name in ("SPLIT_VERSION", "SplitPlan", "compile_parts", "part_models", "plan_split"):
+        from winml_recipes.runtime import splitcompile as module
 
         return getattr(module, name)
     if name == "run_on_target":

@@ -123,6 +123,8 @@ class StepContext:
     task: str | None = None  # the catalog entry's task (mask-generation, ...)
     # progress(what, done, total): counts for the person watching (samples, rounds, ...).
     progress: Callable[[str, int, int | None], None] = field(default=lambda *_: None)
+    budget_mb: float | None = None  # the build's memory budget (None: not known)
+    input_model: Path | None = None  # the step's input model file (for key material)
 
 
 @dataclass(frozen=True)

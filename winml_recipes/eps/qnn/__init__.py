@@ -77,8 +77,9 @@ class QnnHtp(ExecutionProvider):
             fitted_on="SAM 3 ViT blocks and sam3-mid's encoder, w8a16, tensors up to 430 M",
             lower_by=(
                 "prepare's ep stage computes attention in query chunks above the qnn-htp "
-                "plugin's max_tensor_elements; or verify off the target with verify: "
-                "{on_target: false} and leave compile out"
+                "plugin's max_tensor_elements; compile prepares in parts that fit (compile: "
+                "{parts: N}); or verify off the target with verify: {on_target: false} and "
+                "leave compile out"
             ),
         )
 
