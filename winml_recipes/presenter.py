@@ -55,20 +55,19 @@ def step_lines(s: StepRecord) -> list[str]:
         agree = metrics["compiled_vs_uncompiled"]
         names = ", ".join(a.name for a in s.artifacts or ())
         parts = s.split_parts
-        if agree is None:  # compile: {samples: 0}
-            same, against = "loaded back with every node there; not run", "on the EP"
-        else:
-            same = "bit-exact" if agree.get("bit_exact") else f"max_abs {agree.get('max_abs')}"
-            against = "vs the uncompiled model on the EP"
         if parts:
-            if agree is not None:
-                against = f"vs the {len(parts)} uncompiled parts on the EP"
             crossing = "; ".join(_names(p.inputs) for p in parts[1:])
             out.append(
                 f"compiled in {len(parts)} parts ({metrics['split'].get('why')}), one "
                 f"EPContext node each; between them: {crossing}"
             )
-        out.append(f"compiled: {names} ({same} {against})")
+        if agree is None:  # compile: {samples: 0}
+            detail = "loaded back on the EP with every node there; not run"
+        else:
+            same = "bit-exact" if agree.get("bit_exact") else f"max_abs {agree.get('max_abs')}"
+            whole = f"the {len(parts)} uncompiled parts" if parts else "the uncompiled model"
+            detail = f"{same} vs {whole} on the EP"
+        out.append(f"compiled: {names} ({detail})")
     parity = metrics.get("torch_parity")
     if parity:
         worst = min(p["sqnr_db"] for p in parity.values())

@@ -404,7 +404,7 @@ def test_compile_embedded_without_the_uncompiled_model(tmp_path: Path) -> None:
     assert metrics["compiled_vs_uncompiled"] is None and metrics["loaded_back_seconds"] >= 0
     from winml_recipes.presenter import summary_lines
 
-    assert any("loaded back on the EP, every node there; not run" in line
+    assert any("(loaded back on the EP with every node there; not run)" in line
                for line in summary_lines(result.record, result.output_dir))  # fmt: skip
     out = result.output_dir / "model"
     assert sorted(p.name for p in out.iterdir()) == ["graph.yaml", "model_ctx.onnx"]
