@@ -1,7 +1,7 @@
 """Whether report.html may run a build on its target (the picture and the per-layer plot).
 
 The report runs in the build's own process after the build. Running a big model on the
-target again there (QNN HTP prepares the graph anew: sam3-mid's encoder passed 10 GB) must
+target again there (an NPU EP prepares the graph anew: sam3-mid's encoder passed 10 GB) must
 not happen where the build itself did not: a component whose verify ran on the CPU
 simulation (`on_target: false`) is not prepared on the target by the report, and a run
 whose estimate (the EP's preparation cost, the candidate's and the float reference's
