@@ -106,7 +106,7 @@ def test_largest_activation_at_the_given_shapes(tmp_path: Path) -> None:
 
 def test_htp_preparation_is_estimated_from_the_largest_tensor(tmp_path: Path) -> None:
     """The QNN plugin's fitted cost: its base, its MB per million elements of the largest
-    activation and a session's weights; a step over the budget says what to change."""
+    activation and its factor on the weights; a step over the budget says what to change."""
     from winml_recipes.engine.budget import preparation_estimate
     from winml_recipes.eps.cpu import PLUGIN as CPU
     from winml_recipes.eps.qnn import PLUGIN as QNN
@@ -119,7 +119,9 @@ def test_htp_preparation_is_estimated_from_the_largest_tensor(tmp_path: Path) ->
     weights_mb = 4000 / 2**20
     got = preparation_estimate(model, small, QNN)
     assert got is not None
-    assert got.mb == pytest.approx(cost.base_mb + cost.mb_per_million * 1.0 + 2 * weights_mb)
+    assert got.mb == pytest.approx(
+        cost.base_mb + cost.mb_per_million * 1.0 + cost.weight_factor * weights_mb
+    )
     bigger = preparation_estimate(model, large, QNN)
     assert bigger is not None and bigger.mb - got.mb == pytest.approx(cost.mb_per_million * 399)
     assert "largest tensor" in bigger.made_of and "qnn-htp" in bigger.made_of

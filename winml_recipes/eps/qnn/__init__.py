@@ -33,6 +33,9 @@ MAX_TENSOR_ELEMENTS = 16 * 5184 * 5184
 # the 504 px block, 1234 MB at 27 M; docs/sam3-htp-memory.md).
 PREPARE_BASE_MB = 1210.0
 PREPARE_MB_PER_MILLION = 0.97
+# MB per MB of weights: at least (19,168 - 1,210 - 0.97 x 430) / 453 = 38.7 for the full-size
+# SAM 3 encoder, whose preparation passed 19.2 GB without finishing (bench/sam3_full.py).
+PREPARE_WEIGHT_FACTOR = 40.0
 
 
 @dataclass(frozen=True)
@@ -68,13 +71,17 @@ class QnnHtp(ExecutionProvider):
         largest tensors 5-430 M elements; peaks 0.36-1.6 GB; this tool's sam3-mid export
         with the rotary rewrite, 1.4 GB, is under it). The largest tensor explains little of
         the peak there; a graph that blows up (that export before `rotate_pairwise_to_gather`:
-        > 16 GB) is not modelled, nor how the peak grows with layers; the weights' factor is
-        a session's (not fitted: the measured graphs' weights were 15-46 MB)."""
+        > 16 GB) is not modelled. The weights' factor is a lower bound from the full-size
+        32-layer encoder (about 453 MB of quantized weights): its preparation held 16 GB for
+        45 minutes, then passed 19.2 GB unfinished (stopped there), so the peak grows with
+        the graph's size far beyond a session's 2x weights; with 40x, sam3-mid's encoder
+        (36 MB, 1.4 GB measured) is estimated at 3.1 GB."""
         return PreparationCost(
             base_mb=PREPARE_BASE_MB,
             mb_per_million=PREPARE_MB_PER_MILLION,
-            weight_factor=2.0,
-            fitted_on="SAM 3 ViT blocks and sam3-mid's encoder, w8a16, tensors up to 430 M",
+            weight_factor=PREPARE_WEIGHT_FACTOR,
+            fitted_on="SAM 3 ViT blocks and sam3-mid's encoder, w8a16, tensors up to 430 M; "
+            "the weights' factor a lower bound from the 32-layer encoder (> 19.2 GB)",
             lower_by=(
                 "prepare's ep stage computes attention in query chunks above the qnn-htp "
                 "plugin's max_tensor_elements; compile prepares in parts that fit (compile: "
