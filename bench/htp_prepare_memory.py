@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     # encoder passed 10 GB there), and its per-layer plot compares every layer at full size.
     import winml_recipes.engine.run as engine_run
 
-    engine_run._write_report = lambda out_dir, reporter: None
+    engine_run._write_report = lambda *args, **kwargs: None
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sides", type=int, nargs="+", default=[336, 504, 672])
     parser.add_argument(
