@@ -68,7 +68,7 @@ def mlp(side: int, out: Path, rank4: bool) -> Path:
     on the tokens flattened ([g*g, 1024], what ORT's normalize makes of a static trace)."""
     import numpy as np
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     g = side // PATCH
     # batch dynamic, as the tool's exporter leaves it: onnxruntime's normalize then keeps
@@ -87,13 +87,7 @@ def mlp(side: int, out: Path, rank4: bool) -> Path:
         helper.make_node("Add", ["h3", "b2"], ["y"]),
     ]
     inits = [w("w1", HIDDEN, MLP), w("b1", MLP), w("w2", MLP, HIDDEN), w("b2", HIDDEN)]
-    graph = helper.make_graph(
-        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits,
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
-    onnx.save(model, out)
-    return out
+    return _save("mlp", nodes, inits, shape, out)
 
 
 def rotary(side: int, out: Path) -> Path:
@@ -103,7 +97,7 @@ def rotary(side: int, out: Path) -> Path:
     on x [1, 16, (side/14)^2, 64], with seeded cos/sin tables."""
     import numpy as np
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     n, half = (side // PATCH) ** 2, HIDDEN // HEADS // 2
     rng = np.random.default_rng(0)
@@ -134,9 +128,16 @@ def rotary(side: int, out: Path) -> Path:
         helper.make_node("Mul", ["rotated", "sin"], ["rs"]),
         helper.make_node("Add", ["xc", "rs"], ["y"]),
     ]
-    shape = [1, HEADS, n, 2 * half]
+    return _save("rotary", nodes, inits, [1, HEADS, n, 2 * half], out)
+
+
+def _save(name: str, nodes: list, inits: list, shape: list, out: Path) -> Path:
+    """A one-input (x), one-output (y) float graph of `shape`, opset 20, written to `out`."""
+    import onnx
+    from onnx import TensorProto, helper
+
     graph = helper.make_graph(
-        nodes, "rotary", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits,
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from winml_recipes.sdk.ep import ExecutionProvider, QuantRules
+from winml_recipes.sdk.ranges import TiedTensors, unify_ranges
 
 if TYPE_CHECKING:
     import onnx
@@ -100,25 +101,11 @@ def unified_scale_groups(model: onnx.ModelProto, activations: Sequence[str]) -> 
     """Sets of calibrated activations that must share one range (transitively merged): the
     activation inputs of each op in UNIFIED_SCALE_OP_TYPES."""
     acts = set(activations)
-    parent: dict[str, str] = {}
-
-    def find(x: str) -> str:
-        parent.setdefault(x, x)
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
+    tied = TiedTensors()
     for node in model.graph.node:
-        if node.op_type not in UNIFIED_SCALE_OP_TYPES:
-            continue
-        members = list(dict.fromkeys(t for t in node.input if t in acts))
-        for other in members[1:]:
-            parent[find(other)] = find(members[0])
-    groups: dict[str, list[str]] = {}
-    for t in parent:
-        groups.setdefault(find(t), []).append(t)
-    return sorted(sorted(g) for g in groups.values() if len(g) > 1)
+        if node.op_type in UNIFIED_SCALE_OP_TYPES:
+            tied.tie(list(dict.fromkeys(t for t in node.input if t in acts)))
+    return sorted(tied.groups())
 
 
 # Why a MatMul or Gemm with a constant weight whose data input is a Concat along a row
@@ -214,13 +201,7 @@ class OpenVinoQuantRules(QuantRules):
         self, model: onnx.ModelProto, ranges: dict[str, Any], tensors: Sequence[str]
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         groups = unified_scale_groups(model, [t for t in tensors if t in ranges])
-        out = dict(ranges)
-        for group in groups:
-            low = min(float(out[t][0]) for t in group)
-            high = max(float(out[t][1]) for t in group)
-            for t in group:
-                out[t] = (low, high)
-        return out, {"unified_scales": groups}
+        return unify_ranges(ranges, groups), {"unified_scales": groups}
 
     def quantizer_args(
         self,
@@ -231,26 +212,17 @@ class OpenVinoQuantRules(QuantRules):
     ) -> dict[str, Any] | None:
         from onnxruntime.quantization import QuantFormat
 
-        from winml_recipes.quant.ort import quant_type
+        from winml_recipes.quant.ort import static_args, typed_overrides
 
-        extra: dict[str, Any] = {
-            "ActivationSymmetric": cfg.activation_symmetric,
-            "WeightSymmetric": cfg.weight_symmetric,
-        }
-        if overrides:  # mixed precision: ORT's fixer has added the converts
-            from winml_recipes.quant.ort import typed_overrides
-
-            extra["TensorQuantOverrides"] = typed_overrides(overrides)
-        return {
-            "quant_format": QuantFormat.QDQ,
-            "op_types_to_quantize": list(cfg.op_types) or list(QUANTIZED_OP_TYPES),
-            "per_channel": cfg.per_channel,
-            "reduce_range": cfg.reduce_range,
-            "activation_type": quant_type(cfg.activation_type),
-            "weight_type": quant_type(cfg.weight_type),
-            "nodes_to_exclude": exclude or None,
-            "extra_options": extra,
-        }
+        # the generic arguments, always QDQ, on OpenVINO's op types; mixed precision's
+        # overrides as they are (ORT's fixer has added the converts)
+        return static_args(
+            cfg,
+            QuantFormat.QDQ,
+            list(cfg.op_types) or list(QUANTIZED_OP_TYPES),
+            typed_overrides(overrides) if overrides else None,
+            exclude,
+        )
 
 
 QUANT_RULES = OpenVinoQuantRules(

@@ -151,23 +151,18 @@ class CompilePass(Pass[CompileConfig]):
         self, src: Path | None, out_dir: Path, config: CompileConfig, ctx: StepContext
     ) -> StepResult:
         from winml_recipes.sdk.runtime import (
-            availability,
-            compare_runs,
             compile_epcontext,
             explain,
-            identity,
             open_session,
             provider_for,
+            skip_if_unavailable,
         )
         from winml_recipes.sdk.samples import synthetic, take
 
         assert src is not None
         ep = provider_for(ctx.target)
-        avail = availability(ep.key)
-        if not avail.available:
-            if config.require_ep:
-                raise PassError(f"{ep.provider} cannot be used here: {avail.reason}")
-            return StepResult(skipped=f"{ep.provider} not available here: {avail.reason}")
+        if (skipped := skip_if_unavailable(ep, required=config.require_ep)) is not None:
+            return skipped
         compiled = out_dir / COMPILED
         provider_options = _provider_options(config, ep)
         split = _split_plan(src, config, ep, ctx.contract, ctx.budget_mb)
@@ -201,25 +196,10 @@ class CompilePass(Pass[CompileConfig]):
         )
         before = [uncompiled.run(f, i) for i, f in enumerate(feeds)]
         after = [loaded.run(f, i) for i, f in enumerate(feeds)]
-        agreement = compare_runs(before, after)
-        max_abs = max(m["max_abs"] for m in agreement.values())
-        artifacts = sorted(p.name for p in out_dir.iterdir() if p.is_file())
-        artifacts.remove(COMPILED)
-        return StepResult(
-            None,
-            {
-                "execution_provider": identity(ep.key),
-                "provider_options": provider_options,
-                "embed": config.embed,
-                "compiled_vs_uncompiled": {
-                    "max_abs": max_abs,
-                    "bit_exact": max_abs == 0.0,
-                    "samples": config.samples,
-                },
-            },
-            artifacts=(COMPILED, *artifacts),
-            ship_model=config.keep_uncompiled,
-        )
+        return _record(
+            out_dir, config, ep, provider_options,
+            compiled_vs_uncompiled=_agreement(before, after, config.samples),
+        )  # fmt: skip
 
 
 def _split_plan(src: Path, config: CompileConfig, ep: Any, contract: Any, budget_mb: Any) -> Any:
@@ -253,9 +233,7 @@ def _run_split(
     """Compile `split`'s parts into one stitched model_ctx.onnx; compare it with the
     uncompiled parts run one after another on the EP (the whole graph may not prepare)."""
     from winml_recipes.sdk.runtime import (
-        compare_runs,
         compile_parts,
-        identity,
         open_session,
         part_models,
     )
@@ -293,27 +271,12 @@ def _run_split(
     before = [{n: v[n] for n in outputs} for v in before]
     loaded = open_session(compiled, ep.key, fallback=False, device=device)
     after = [loaded.run(f, i) for i, f in enumerate(feeds)]
-    agreement = compare_runs(before, after)
-    max_abs = max(m["max_abs"] for m in agreement.values())
-    artifacts = sorted(p.name for p in out_dir.iterdir() if p.is_file())
-    artifacts.remove(COMPILED)
-    return StepResult(
-        None,
-        {
-            "execution_provider": identity(ep.key),
-            "provider_options": provider_options,
-            "embed": config.embed,
-            "split": split_record,
-            "compiled_vs_uncompiled": {
-                "max_abs": max_abs,
-                "bit_exact": max_abs == 0.0,
-                "samples": config.samples,
-                "against": f"the {split.count} uncompiled parts in sequence on the EP",
-            },
-        },
-        artifacts=(COMPILED, *artifacts),
-        ship_model=config.keep_uncompiled,
-    )
+    against = f"the {split.count} uncompiled parts in sequence on the EP"
+    return _record(
+        out_dir, config, ep, provider_options,
+        split=split_record,
+        compiled_vs_uncompiled=_agreement(before, after, config.samples, against=against),
+    )  # fmt: skip
 
 
 def _loaded_back(
@@ -328,10 +291,39 @@ def _loaded_back(
     node placed there), not run; the record says so."""
     import time
 
-    from winml_recipes.sdk.runtime import identity, open_session
+    from winml_recipes.sdk.runtime import open_session
 
     started = time.perf_counter()
     open_session(out_dir / COMPILED, ep.key, fallback=False, device=device)
+    return _record(
+        out_dir, config, ep, provider_options,
+        **extra,
+        compiled_vs_uncompiled=None,
+        loaded_back_seconds=round(time.perf_counter() - started, 2),
+    )  # fmt: skip
+
+
+def _agreement(
+    before: list[dict[str, Any]], after: list[dict[str, Any]], samples: int, **extra: Any
+) -> dict[str, Any]:
+    """The compiled model's outputs (`after`) against the uncompiled ones (`before`)."""
+    from winml_recipes.sdk.runtime import compare_runs
+
+    max_abs = max(m["max_abs"] for m in compare_runs(before, after).values())
+    return {"max_abs": max_abs, "bit_exact": max_abs == 0.0, "samples": samples, **extra}
+
+
+def _record(
+    out_dir: Path,
+    config: CompileConfig,
+    ep: Any,
+    provider_options: dict[str, str],
+    **fields: Any,
+) -> StepResult:
+    """The step's result: model_ctx.onnx first among the files in `out_dir`, the EP and
+    its options, then `fields` (whole graph, split or loaded back) in their order."""
+    from winml_recipes.sdk.runtime import identity
+
     artifacts = sorted(p.name for p in out_dir.iterdir() if p.is_file())
     artifacts.remove(COMPILED)
     return StepResult(
@@ -340,9 +332,7 @@ def _loaded_back(
             "execution_provider": identity(ep.key),
             "provider_options": provider_options,
             "embed": config.embed,
-            **extra,
-            "compiled_vs_uncompiled": None,
-            "loaded_back_seconds": round(time.perf_counter() - started, 2),
+            **fields,
         },
         artifacts=(COMPILED, *artifacts),
         ship_model=config.keep_uncompiled,

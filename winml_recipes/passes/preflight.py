@@ -145,13 +145,12 @@ class PreflightPass(Pass[PreflightConfig]):
     def run(
         self, src: Path | None, out_dir: Path, config: PreflightConfig, ctx: StepContext
     ) -> StepResult:
-        from winml_recipes.sdk.runtime import availability, identity, provider_for
+        from winml_recipes.sdk.runtime import identity, provider_for, skip_if_unavailable
 
         assert src is not None
         ep = provider_for(ctx.target)
-        avail = availability(ep.key)
-        if not avail.available:
-            return StepResult(skipped=f"{ep.provider} not available here: {avail.reason}")
+        if (skipped := skip_if_unavailable(ep)) is not None:
+            return skipped
         fallback = bool(config.allow_cpu_fallback)
         metrics: dict[str, Any] = {
             "execution_provider": identity(ep.key),  # as verify and compile record it

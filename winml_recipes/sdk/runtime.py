@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # the names, for type checkers and editors
         plan_split,
     )
     from winml_recipes.runtime.target import run_on_target
+    from winml_recipes.sdk.types import StepResult
 
 __all__ = [
     "SPLIT_VERSION",
@@ -50,7 +51,23 @@ __all__ = [
     "run_model",
     "run_on_target",
     "run_reference",
+    "skip_if_unavailable",
 ]
+
+
+def skip_if_unavailable(ep: Any, *, required: bool = False) -> StepResult | None:
+    """The skipped step's result where `ep` cannot be used on this host (None where it
+    can); with `required`, a PassError instead."""
+    from winml_recipes.runtime.providers import availability
+    from winml_recipes.sdk.errors import PassError
+    from winml_recipes.sdk.types import StepResult
+
+    avail = availability(ep.key)
+    if avail.available:
+        return None
+    if required:
+        raise PassError(f"{ep.provider} cannot be used here: {avail.reason}")
+    return StepResult(skipped=f"{ep.provider} not available here: {avail.reason}")
 
 
 def __getattr__(name: str) -> Any:

@@ -40,6 +40,9 @@ from collections.abc import Iterable, Mapping
 
 import onnx
 
+# unify_ranges: here too, where eps/qnn/quant.py and tests/htp_replay.py look it up
+from winml_recipes.sdk.ranges import TiedTensors, unify_ranges  # noqa: F401
+
 # op type -> input positions that must share the output's encoding on HTP.
 SHARED_ENCODING_INPUTS: dict[str, tuple[int, ...]] = {
     "ScatterElements": (0, 2),
@@ -87,19 +90,10 @@ def concat_inputs_through_shapes(
 def shared_encoding_groups(model: onnx.ModelProto, activations: Iterable[str]) -> list[list[str]]:
     """Sets of activations that must end up with one encoding (transitively merged)."""
     acts = set(activations)
-    parent: dict[str, str] = {}
-
-    def find(x: str) -> str:
-        parent.setdefault(x, x)
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
+    tied = TiedTensors()
 
     def union(members: list[str]) -> None:
-        members = [t for t in members if t in acts]
-        for other in members[1:]:
-            parent[find(other)] = find(members[0])
+        tied.tie([t for t in members if t in acts])
 
     needs: set[str] = set()
     producer = {o: n for n in model.graph.node for o in n.output}
@@ -118,26 +112,7 @@ def shared_encoding_groups(model: onnx.ModelProto, activations: Iterable[str]) -
         elif node.op_type in SAME_AS_INPUT and node.input:
             for out in node.output:
                 union([node.input[0], out])
-    groups: dict[str, list[str]] = {}
-    for t in parent:
-        groups.setdefault(find(t), []).append(t)
-    return [sorted(g) for g in groups.values() if len(g) > 1 and needs.intersection(g)]
-
-
-def unify_ranges(
-    ranges: Mapping[str, tuple[float, float]], groups: Iterable[list[str]]
-) -> dict[str, tuple[float, float]]:
-    """Every member of a group gets the union of the group's ranges."""
-    out = dict(ranges)
-    for group in groups:
-        known = [out[t] for t in group if t in out]
-        if not known:
-            continue
-        low = min(lo for lo, _ in known)
-        high = max(hi for _, hi in known)
-        for t in group:
-            out[t] = (low, high)
-    return out
+    return [g for g in tied.groups() if needs.intersection(g)]
 
 
 # HTP's 16-bit Softmax is wrong when its input's quantization step is below 2^-18 / log2(e)
