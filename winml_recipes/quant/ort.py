@@ -48,6 +48,33 @@ def _large(path: Path) -> bool:
     return sum(p.stat().st_size for p in [path, *sidecar_paths(path)]) > LARGE_MODEL_BYTES
 
 
+def static_args(
+    cfg: QuantConfig,
+    quant_format: Any,
+    op_types: list[str] | None,
+    tensor_overrides: dict[str, Any] | None,
+    exclude: list[str],
+) -> dict[str, Any]:
+    """onnxruntime `quantize_static` keyword arguments for `cfg` (types, symmetry, per
+    channel), in `quant_format`, with ORT's TensorQuantOverrides where given."""
+    extra: dict[str, Any] = {
+        "ActivationSymmetric": cfg.activation_symmetric,
+        "WeightSymmetric": cfg.weight_symmetric,
+    }
+    if tensor_overrides is not None:
+        extra["TensorQuantOverrides"] = tensor_overrides
+    return {
+        "quant_format": quant_format,
+        "op_types_to_quantize": op_types,
+        "per_channel": cfg.per_channel,
+        "reduce_range": cfg.reduce_range,
+        "activation_type": quant_type(cfg.activation_type),
+        "weight_type": quant_type(cfg.weight_type),
+        "nodes_to_exclude": exclude or None,
+        "extra_options": extra,
+    }
+
+
 def quantize_static_qdq(
     src: Path,
     out: Path,
@@ -62,25 +89,15 @@ def quantize_static_qdq(
     the written model), when the config applies them."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_static
 
-    op_types = list(cfg.op_types) or None
     args = rules.quantizer_args(src, cfg, overrides, exclude) if rules is not None else None
     if args is None:
-        extra: dict[str, Any] = {
-            "ActivationSymmetric": cfg.activation_symmetric,
-            "WeightSymmetric": cfg.weight_symmetric,
-        }
-        if overrides:
-            extra["TensorQuantOverrides"] = fixed_overrides(src, overrides, cfg)
-        args = {
-            "quant_format": QuantFormat.QDQ if cfg.format == "qdq" else QuantFormat.QOperator,
-            "op_types_to_quantize": op_types,
-            "per_channel": cfg.per_channel,
-            "reduce_range": cfg.reduce_range,
-            "activation_type": quant_type(cfg.activation_type),
-            "weight_type": quant_type(cfg.weight_type),
-            "nodes_to_exclude": exclude or None,
-            "extra_options": extra,
-        }
+        args = static_args(
+            cfg,
+            QuantFormat.QDQ if cfg.format == "qdq" else QuantFormat.QOperator,
+            list(cfg.op_types) or None,
+            fixed_overrides(src, overrides, cfg) if overrides else None,
+            exclude,
+        )
     with quiet_ort_logging(), _no_endless_sharing():
         quantize_static(
             str(src),
