@@ -29,10 +29,12 @@ body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#1b1b1b;max-width:140
 h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
 h3{font-size:15px;margin:16px 0 6px} table{border-collapse:collapse;margin:4px 0 10px}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
-th{background:#f4f4f4} td.num{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f4f4f4} td:has(>span.num){text-align:right}
+.num{font-variant-numeric:tabular-nums}
 .pass{color:#0a7a2a;font-weight:600} .fail{color:#b3141b;font-weight:600}
 .note{color:#555} .verdict{font-size:18px;padding:6px 10px;display:inline-block;border-radius:4px}
 .verdict.pass{background:#e3f6e8} .verdict.fail{background:#fde6e7}
+.verdict.none{background:#f0f0f0;color:#555}
 img.run{max-width:100%;border:1px solid #ddd} svg{background:#fff;border:1px solid #ddd}
 code{background:#f4f4f4;padding:0 3px}
 """
@@ -89,7 +91,8 @@ def _verify_section(build: BuildFolder) -> str:
         if gates:
             rows = [
                 [_e(g["output"]), _e(g["metric"]), f'<span class="num">{_num(g["value"])}</span>',
-                 f'{_e(g["comparison"])} {_num(g["threshold"])}', _num(g["margin"], "+.3g"),
+                 f'{_e(g["comparison"])} {_num(g["threshold"])}',
+                 f'<span class="num">{_num(g["margin"], "+.3g")}</span>',
                  _verdict(g["passed"])]
                 for g in gates
             ]  # fmt: skip
@@ -164,6 +167,11 @@ def _layers_section(
 
     wanted, why = _layers_wanted(build, layers)
     cmd = f"<code>winml-recipes report {_e(build.folder)} --layers</code>"
+    if not wanted and layers is None and build.precision not in QUANTIZED:
+        return (
+            f'<p class="note">Not computed: a {_e(build.precision)} build has no quantized '
+            f"activations to compare.</p>"
+        )
     if not wanted:
         return f'<p class="note">Not computed: {_e(why)}. To compute it: {cmd}.</p>'
     if blocked is not None:
@@ -171,7 +179,7 @@ def _layers_section(
     parts = [
         f'<p class="note">Each quantized activation of the model on the target and on the '
         f"CPU EP's simulation of Q/DQ, against the float model's tensor, in graph order; one "
-        f"sample (the photo and prompt of the picture below, the decoder fed the float "
+        f"sample (the photo and prompt of the picture above, the decoder fed the float "
         f"encoder's outputs where it has an image input; else seeded inputs). Computed because: "
         f"{_e(why)}.</p>"
     ]
@@ -253,13 +261,21 @@ def _picture_section(build: BuildFolder, blocked: str | None) -> tuple[str, dict
     return text, feeds
 
 
+NO_PLACEMENT = (
+    "not recorded: the placement is what verify records when it runs a model on the target "
+    "(no component's verify did)"
+)
+
+
 def _placement_section(build: BuildFolder) -> str:
-    rows = []
+    rows, recorded = [], False
     for name, record in build.manifest["components"].items():
         verify = _step(record, "verify")
         placement = (verify or {}).get("metrics", {}).get("placement")
+        recorded = recorded or bool(placement)
         if not placement:
-            rows.append([_e(name), '<span class="note">not recorded</span>', "", ""])
+            missing = '<span class="note">not recorded (verify did not run it on the target)</span>'
+            rows.append([_e(name), missing, "-", "-"])
             continue
         nodes = ", ".join(f"{_e(k)}: {v}" for k, v in placement.get("nodes", {}).items())
         parts = ", ".join(f"{_e(k)}: {v}" for k, v in placement.get("partitions", {}).items())
@@ -267,6 +283,8 @@ def _placement_section(build: BuildFolder) -> str:
             f"{_e(n['name'])} ({_e(n['op_type'])})" for n in placement.get("fallback_nodes", [])
         )
         rows.append([_e(name), nodes, parts, fallback or "none"])
+    if not recorded:
+        return f'<p class="note">{_e(NO_PLACEMENT)}</p>'
     return _table(["component", "nodes per EP", "partitions", "fallback nodes"], rows)
 
 
@@ -317,10 +335,22 @@ def _artifacts_section(build: BuildFolder) -> str:
                 [
                     _e(name),
                     f"<code>{_e(f['path'])}</code>",
-                    f'<span class="num">{f["size_bytes"] / 1e6:.2f}</span>',
+                    f'<span class="num">{_e(size_text(f["size_bytes"]))}</span>',
                 ]
             )
-    return _table(["component", "file", "MB"], rows) + _split_section(build)
+    return _table(["component", "file", "size"], rows) + _split_section(build)
+
+
+def size_text(size_bytes: int) -> str:
+    """A file size in the unit that keeps it readable: 812 B, 3.4 kB, 151 kB, 2.35 MB."""
+    if size_bytes < 1000:
+        return f"{size_bytes} B"
+    value, unit = size_bytes / 1000, "kB"
+    for larger in ("MB", "GB"):
+        if round(value) < 1000:
+            break
+        value, unit = value / 1000, larger
+    return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
 
 
 def _split_section(build: BuildFolder) -> str:
@@ -364,10 +394,12 @@ def render(build: BuildFolder, layers: bool | None = None, budget_mb: float | No
         blocked = f"its memory could not be estimated ({_first_line(exc)})"
     picture, feeds = _picture_section(build, blocked)
     overall = _overall(build)
-    verdict = (
-        "no gates" if overall is None else ("every gate passed" if overall else "a gate FAILED")
-    )
-    css = "pass" if overall is not False else "fail"
+    if overall is None:
+        verified = any(_step(r, "verify") for r in build.manifest["components"].values())
+        verdict = "no gates set" if verified else "no gates checked: no component was verified"
+    else:
+        verdict = "every gate passed" if overall else "a gate FAILED"
+    css = "none" if overall is None else ("pass" if overall else "fail")
     m = build.manifest
     sections = [
         ("Verdicts and metrics", _verify_section(build)),

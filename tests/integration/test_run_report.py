@@ -110,6 +110,26 @@ def test_every_build_writes_a_self_contained_report(tiny_npu_build) -> None:
     assert sources and all(s.startswith("data:image/png;base64,") for s in sources)
     assert text.count('class="layer-plot"') == 2  # both components' per-layer plots
     assert "mask_iou" in text and "every gate passed" in text
+    # the plot's sample is the picture's, which stands above it
+    assert text.index("<h2>Run on a held-out photo") < text.index("<h2>Per-layer SQNR")
+    assert "the photo and prompt of the picture above" in text
+    # a compiled model_ctx.onnx of about 1 kB reads as such, not as 0.00 MB
+    files = text[text.index("<h2>Files") :]
+    ctx = re.search(r"vision_encoder/model_ctx\.onnx</code></td><td><span[^>]*>([^<]*)<", files)
+    assert ctx and re.fullmatch(r"\d[\d.]* (B|kB)", ctx.group(1)), ctx
+
+
+def test_a_float_build_report_says_what_it_did_not_do(tiny_build) -> None:
+    """cpu/fp32 verifies nothing and has no quantized activations: the banner is not a
+    pass, and the sections that have nothing say so in one line, pointing at nothing."""
+    text = (tiny_build.output_dir / "report.html").read_text(encoding="utf-8")
+    assert '<span class="verdict none">no gates checked: no component was verified</span>' in text
+    assert "Not computed: a fp32 build has no quantized activations to compare." in text
+    assert "--layers" not in text  # asking for the plot of a float build gives nothing
+    placement = text[text.index("<h2>Node placement") : text.index("<h2>Steps")]
+    assert "<table" not in placement and "not recorded: the placement is what verify" in placement
+    files = text[text.index("<h2>Files") : text.index("<h2>Versions")]
+    assert re.search(r">\d[\d.]* kB<", files) and ">0.00<" not in files
 
 
 def test_report_renders_in_headless_chromium(tiny_npu_build, tmp_path) -> None:
@@ -127,7 +147,9 @@ def test_report_renders_in_headless_chromium(tiny_npu_build, tmp_path) -> None:
             "  const r = s.getBoundingClientRect();"
             "  return {x: r.x + scrollX, y: r.y + scrollY, width: r.width, height: r.height,"
             "          lines: s.querySelectorAll('polyline').length}; }),"
-            "title: document.title})"
+            "title: document.title,"
+            "aligned: [...document.querySelectorAll('td')].filter(td => td.querySelector('.num'))"
+            "  .map(td => getComputedStyle(td).textAlign)})"
         )
         state = json.loads(state)
         plot = state["plots"][0]
@@ -153,6 +175,7 @@ def test_report_renders_in_headless_chromium(tiny_npu_build, tmp_path) -> None:
     ]  # fmt: skip
     assert not errors, errors
     assert state["title"].startswith("sam3-tiny npu/w8a16")
+    assert len(state["aligned"]) > 50 and set(state["aligned"]) == {"right"}  # the numbers
     assert image == [[True, 4 * pictures.PANEL + 5 * pictures.GUTTER, image[0][2]]]
     assert len(state["plots"]) == 2 and all(p["lines"] == 2 and p["height"] > 100
                                             for p in state["plots"])  # fmt: skip
