@@ -213,8 +213,8 @@ def _layers_section(
                     [
                         _e(r.tensor),
                         _e(r.op_type),
-                        _num(r.target_vs_float_db, ".1f"),
-                        _num(r.simulation_vs_float_db, ".1f"),
+                        f'<span class="num">{_num(r.target_vs_float_db, ".1f")}</span>',
+                        f'<span class="num">{_num(r.simulation_vs_float_db, ".1f")}</span>',
                     ]
                     for r in worst
                 ],
