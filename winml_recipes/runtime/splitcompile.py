@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from winml_recipes.sdk.ep import ExecutionProvider
 
 MOST_PARTS = 16
-SPLIT_VERSION = 1  # bumped when the cut choice changes (cache key)
+SPLIT_VERSION = 2  # bumped when the cut choice changes (cache key)
 
 
 @dataclass(frozen=True)
