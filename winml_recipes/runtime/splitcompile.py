@@ -154,7 +154,7 @@ def compile_parts(
         # the EP writes its context binary beside it, named after its stem, in `out`'s folder
         ctx = out.parent / f"{out.stem}_part{j}.onnx"
         try:
-            compile_epcontext(
+            measured = compile_epcontext(
                 src, ctx, ep_key, embed=embed, provider_options=provider_options, device=device
             )
         except ExecutionProviderError as exc:
@@ -172,6 +172,9 @@ def compile_parts(
                 "inputs": list(part.inputs),
                 "outputs": list(part.outputs),
                 "estimate_mb": round(plan.estimates_mb[j]),
+                # the part's own process (one at a time): what its preparation took
+                "prepare_seconds": measured.get("seconds"),
+                "prepare_peak_rss_mb": measured.get("peak_rss_mb"),
             }
         )
     stitch(compiled, onnx.load(whole, load_external_data=False), out)
