@@ -273,3 +273,40 @@ def test_cuts_fall_between_transformer_blocks() -> None:
     want = open_bytes_session(model.SerializeToString()).run(None, feed)[0]
     got = _run_parts(made, feed)[model.graph.output[0].name]
     np.testing.assert_array_equal(got, want)
+
+
+@dataclass(frozen=True)
+class _Ceiling(QnnHtp):
+    """The QNN plugin with a test line (1 GB per MB of weights) and a ceiling on what it
+    prepares at once, far under the budget: the ceiling decides the split."""
+
+    def preparation_cost(self) -> PreparationCost:
+        return PreparationCost(
+            base_mb=0, mb_per_million=0.0, weight_factor=1024.0, fitted_on="test",
+            largest_mb=2.2 * 1024 * _block_weights_mb(),
+        )  # fmt: skip
+
+
+def _block_weights_mb() -> float:
+    w = 8 * SIDE * 2 + 8 * 32 * 2  # one block of _transformer(): wa, wb, wc, wd (float32)
+    return w * 4 / 2**20
+
+
+def test_the_eps_ceiling_splits_a_graph_the_budget_would_take_whole(tmp_path: Path) -> None:
+    """A 6-block transformer whose whole estimate fits a huge budget but not the EP's
+    largest_mb (2.2 blocks' worth): split into parts of at most 2 blocks, cut between blocks."""
+    from dataclasses import replace
+
+    path = tmp_path / "transformer.onnx"
+    onnx.save(_transformer(blocks=6), path)
+    ep = _Ceiling(**{f: getattr(PLUGIN, f) for f in PLUGIN.__dataclass_fields__})
+    ep = replace(ep, key="qnn-htp-ceiling")
+    ceiling = ep.preparation_cost().largest_mb
+    plan = plan_split(path, ep, {}, None, budget_mb=1e9)
+    assert plan.whole_mb is not None and plan.whole_mb > ceiling
+    assert plan.count == 3 and max(plan.estimates_mb) <= ceiling
+    assert "the largest graph qnn-htp-ceiling prepares at once" in plan.why
+    assert [p.inputs for p in plan.parts[1:]] == [("res2_1_q",), ("res2_3_q",)]
+    # without the ceiling the budget alone decides: one part
+    steep = _Steep(**{f: getattr(PLUGIN, f) for f in PLUGIN.__dataclass_fields__})
+    assert plan_split(path, replace(steep, key="qnn-htp-steep3"), {}, None, 1e9).count == 0
