@@ -380,7 +380,10 @@ def _inferred(model: onnx.ModelProto) -> onnx.ModelProto:
     key = id(model)
     if key not in _INFERRED:
         _INFERRED.clear()
-        _INFERRED[key] = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        from winml_recipes.onnx.lightview import light_view
+
+        # inferred on a view without the weights' bytes (only the types and shapes are read)
+        _INFERRED[key] = onnx.shape_inference.infer_shapes(light_view(model), strict_mode=False)
     return _INFERRED[key]
 
 
