@@ -55,7 +55,7 @@ def compile_epcontext(
 
 
 def _main(argv: list[str]) -> int:
-    from winml_recipes.runtime.memory import peak_rss_mb
+    from winml_recipes.runtime.memory import own_peak_rss_mb
     from winml_recipes.runtime.sessions import open_session
     from winml_recipes.sdk.errors import WinmlError
 
@@ -81,7 +81,7 @@ def _main(argv: list[str]) -> int:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
     seconds = round(time.perf_counter() - started, 1)
-    print(json.dumps({"seconds": seconds, "peak_rss_mb": peak_rss_mb()}))
+    print(json.dumps({"seconds": seconds, "peak_rss_mb": own_peak_rss_mb()}))
     return 0
 
 
