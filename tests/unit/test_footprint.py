@@ -141,7 +141,7 @@ def test_npu_verify_and_compile_estimate_htp_preparation(tmp_path: Path) -> None
 
     model = _chain(tmp_path / "chain.onnx")
     contract = IOContract((TensorSpec("x", "float32", ("n", 1000)),), (), {"n": 4})
-    npu = EstimateInputs(Target("npu", "w8a16"), contract)
+    npu = EstimateInputs(Target("npu", "fp16"), contract)  # a float graph is what HTP gets
     cpu = EstimateInputs(Target("cpu", "int8"), contract)
     on = VerifyPass().estimate_memory(model, VerifyConfig(), npu)
     assert on is not None and "candidate session for qnn-htp" in on.made_of
@@ -150,3 +150,9 @@ def test_npu_verify_and_compile_estimate_htp_preparation(tmp_path: Path) -> None
     assert "qnn-htp" not in VerifyPass().estimate_memory(model, VerifyConfig(), cpu).made_of
     compiled = CompilePass().estimate_memory(model, CompileConfig(), npu)
     assert compiled is not None and compiled.made_of.startswith("compile for qnn-htp")
+    # a float source a w8a16 build quantizes first does not stand in for the QDQ graph's
+    # preparation (4x its weights' bytes, no Q/DQ cut points): estimated when the step runs
+    later = EstimateInputs(Target("npu", "w8a16"), contract)
+    assert CompilePass().estimate_memory(model, CompileConfig(), later) is None
+    before = VerifyPass().estimate_memory(model, VerifyConfig(), later)
+    assert before is not None and "qnn-htp" not in before.made_of

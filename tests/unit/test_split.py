@@ -190,3 +190,123 @@ def test_a_dequantized_tensor_read_on_both_sides_crosses_once_quantized() -> Non
     got = _run_parts([first, second], feed)
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])
+
+
+def _transformer(blocks: int = 4, hidden: int = 8, mlp: int = 32) -> onnx.ModelProto:
+    """A pre-norm transformer's QDQ graph (every activation through Q -> DQ, as onnxruntime
+    writes it): per block x + Attn(LN(x)), then h + MLP(LN(h)), the MLP's weights wide so
+    equal shares of cost land inside blocks, nearer the attention/MLP residual than the
+    block boundary."""
+    rng = np.random.default_rng(3)
+    inits = [
+        numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+        numpy_helper.from_array(np.array(32768, np.uint16), "z"),
+        numpy_helper.from_array(np.ones(hidden, np.float32), "g"),
+        numpy_helper.from_array(np.zeros(hidden, np.float32), "b"),
+    ]
+    nodes: list[onnx.NodeProto] = []
+
+    def op(kind: str, ins: list[str], out: str, **attrs) -> str:
+        nodes.append(helper.make_node(kind, ins, [out], **attrs))
+        nodes.append(helper.make_node("QuantizeLinear", [out, "s", "z"], [f"{out}_q"]))
+        nodes.append(helper.make_node("DequantizeLinear", [f"{out}_q", "s", "z"], [f"{out}_dq"]))
+        return f"{out}_dq"
+
+    def weight(name: str, shape: tuple[int, int]) -> str:
+        inits.append(numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name))
+        return name
+
+    x = op("Identity", ["x"], "x0")
+    for i in range(blocks):
+        n1 = op("LayerNormalization", [x, "g", "b"], f"ln1_{i}", axis=-1)
+        scores = op("MatMul", [n1, weight(f"wa{i}", (hidden, SIDE))], f"scores{i}")
+        probs = op("Softmax", [scores], f"probs{i}", axis=-1)
+        attn = op("MatMul", [probs, weight(f"wb{i}", (SIDE, hidden))], f"attn{i}")
+        h = op("Add", [x, attn], f"res1_{i}")
+        n2 = op("LayerNormalization", [h, "g", "b"], f"ln2_{i}", axis=-1)
+        up = op("MatMul", [n2, weight(f"wc{i}", (hidden, mlp))], f"up{i}")
+        act = op("Relu", [up], f"act{i}")
+        down = op("MatMul", [act, weight(f"wd{i}", (mlp, hidden))], f"down{i}")
+        x = op("Add", [h, down], f"res2_{i}")
+    graph = helper.make_graph(
+        nodes,
+        "transformer",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [SIDE, hidden])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [SIDE, hidden])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_cuts_fall_between_transformer_blocks() -> None:
+    """The residual stream carries one tensor between blocks and between a block's halves;
+    the cut choice takes the places an attention follows (the block boundaries)."""
+    splitter = Splitter(_transformer())
+    blocks = splitter.block_boundaries()
+    assert [splitter.crossing(k) for k in blocks] == [
+        ["x0_q"],
+        ["res2_0_q"],
+        ["res2_1_q"],
+        ["res2_2_q"],
+    ]
+    residual = splitter.residual_cuts()
+    assert (
+        sorted(set(residual) - set(blocks))
+        == [k for k in residual if splitter.crossing(k)[0].startswith("res1_")]
+        and len(residual) == 8
+    )
+    for parts in (2, 3, 4):
+        cuts = splitter.choose_cuts(parts)
+        assert set(cuts) <= set(blocks), [splitter.crossing(k) for k in cuts]
+    # the equal-share targets sit nearer a mid-block residual: without the preference the
+    # choice would differ (so the assertion above can fail)
+    prefix = splitter.cost_prefix()
+    targets = [
+        min(range(1, len(splitter.core)), key=lambda k: abs(prefix[k] - prefix[-1] * j / 3))
+        for j in (1, 2)
+    ]
+    assert any(min(residual, key=lambda k: abs(k - t)) not in blocks for t in targets)
+    # and the parts still equal the whole graph on the CPU EP
+    model = _transformer()
+    made = Splitter(model).parts(Splitter(model).choose_cuts(3))
+    feed = {"x": np.random.default_rng(4).normal(0, 1, (SIDE, 8)).astype(np.float32)}
+    want = open_bytes_session(model.SerializeToString()).run(None, feed)[0]
+    got = _run_parts(made, feed)[model.graph.output[0].name]
+    np.testing.assert_array_equal(got, want)
+
+
+@dataclass(frozen=True)
+class _Ceiling(QnnHtp):
+    """The QNN plugin with a test line (1 GB per MB of weights) and a ceiling on what it
+    prepares at once, far under the budget: the ceiling decides the split."""
+
+    def preparation_cost(self) -> PreparationCost:
+        return PreparationCost(
+            base_mb=0, mb_per_million=0.0, weight_factor=1024.0, fitted_on="test",
+            largest_mb=2.2 * 1024 * _block_weights_mb(),
+        )  # fmt: skip
+
+
+def _block_weights_mb() -> float:
+    w = 8 * SIDE * 2 + 8 * 32 * 2  # one block of _transformer(): wa, wb, wc, wd (float32)
+    return w * 4 / 2**20
+
+
+def test_the_eps_ceiling_splits_a_graph_the_budget_would_take_whole(tmp_path: Path) -> None:
+    """A 6-block transformer whose whole estimate fits a huge budget but not the EP's
+    largest_mb (2.2 blocks' worth): split into parts of at most 2 blocks, cut between blocks."""
+    from dataclasses import replace
+
+    path = tmp_path / "transformer.onnx"
+    onnx.save(_transformer(blocks=6), path)
+    ep = _Ceiling(**{f: getattr(PLUGIN, f) for f in PLUGIN.__dataclass_fields__})
+    ep = replace(ep, key="qnn-htp-ceiling")
+    ceiling = ep.preparation_cost().largest_mb
+    plan = plan_split(path, ep, {}, None, budget_mb=1e9)
+    assert plan.whole_mb is not None and plan.whole_mb > ceiling
+    assert plan.count == 3 and max(plan.estimates_mb) <= ceiling
+    assert "the largest graph qnn-htp-ceiling prepares at once" in plan.why
+    assert [p.inputs for p in plan.parts[1:]] == [("res2_1_q",), ("res2_3_q",)]
+    # without the ceiling the budget alone decides: one part
+    steep = _Steep(**{f: getattr(PLUGIN, f) for f in PLUGIN.__dataclass_fields__})
+    assert plan_split(path, replace(steep, key="qnn-htp-steep3"), {}, None, 1e9).count == 0

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import onnx
 
     from winml_recipes.sdk.ep import ExecutionProvider
+    from winml_recipes.sdk.target import Target
 
 BUDGET_ENV = "WINML_RECIPES_MEMORY_BUDGET"
 HEADROOM_MB = 2048
@@ -153,6 +154,20 @@ def preparation_estimate(
         return None
     proto = load_model(model, load_external_data=False)
     return graph_preparation_estimate(proto, _shapes(contract), ep, what)
+
+
+def quantized_later(model: Path, target: Target) -> bool:
+    """Whether `model` is a float graph the target's precision will quantize: before the
+    build runs, its source stands in for the QDQ graph a later step prepares, but not for
+    that graph's preparation (weights 4x the bytes, no Q/DQ cut points), so that
+    estimate waits for the step's real input."""
+    from winml_recipes.onnx.io import load_model
+    from winml_recipes.presets import precision_settings
+
+    if precision_settings(target.precision).get("kind") != "integer":
+        return False
+    proto = load_model(model, load_external_data=False)
+    return not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in proto.graph.node)
 
 
 def graph_preparation_estimate(

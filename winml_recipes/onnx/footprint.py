@@ -61,9 +61,11 @@ def weight_bytes(model: onnx.ModelProto) -> int:
 def _with_input_shapes(
     model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
 ) -> onnx.ModelProto:
-    """A copy of the graph (no weights) whose inputs have the given concrete shapes."""
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
+    """A copy of the graph (no weights' bytes: lightview) whose inputs have the given
+    concrete shapes."""
+    from winml_recipes.onnx.lightview import light_view
+
+    copy = light_view(model)
     for inp in copy.graph.input:
         shape = shapes.get(inp.name)
         if shape is None or not inp.type.HasField("tensor_type"):

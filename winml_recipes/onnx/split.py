@@ -90,6 +90,8 @@ class Splitter:
         self._sizes = _elements(model)
         self._span_cache: dict[str, tuple[int, int]] | None = None
         self._count_cache: tuple[list[int], list[int]] | None = None
+        self._reader_cache: dict[str, list[onnx.NodeProto]] | None = None
+        self._block_cache: list[int] | None = None
 
     # ------------------------------------------------------------ one part's nodes
 
@@ -182,6 +184,55 @@ class Splitter:
             self._count_cache = (carried, breaking)
         return self._count_cache
 
+    # ------------------------------------------------------------ transformer blocks
+
+    def _readers(self, name: str) -> list[onnx.NodeProto]:
+        """Nodes that read `name`, looking through the attached DQ of a quantized tensor."""
+        if self._reader_cache is None:
+            self._reader_cache = {}
+            for node in self.model.graph.node:
+                for x in _reads(node):
+                    self._reader_cache.setdefault(x, []).append(node)
+        out: list[onnx.NodeProto] = []
+        for n in self._reader_cache.get(name, []):
+            if n.op_type == "DequantizeLinear" and self.boundary == "quantized" and self.quantized:
+                out += self._reader_cache.get(n.output[0], [])
+            else:
+                out.append(n)
+        return out
+
+    def residual_cuts(self) -> list[int]:
+        """Allowed core positions where one tensor crosses and an Add reads it beside another
+        node: the residual stream of a transformer (between blocks, and between a block's
+        attention and MLP halves)."""
+        carried = self._counts()[0]
+        single: dict[int, str] = {}  # the one tensor a cut at k carries
+        for x, (a, b) in self._spans().items():
+            for k in range(a + 1, b + 1):
+                if carried[k] == 1:
+                    single[k] = x
+        out = []
+        for k in sorted(single):
+            if not self.valid(k):
+                continue
+            readers = self._readers(single[k])
+            if len(readers) >= 2 and any(n.op_type == "Add" for n in readers):
+                out.append(k)
+        return out
+
+    def block_boundaries(self) -> list[int]:
+        """The residual cuts an attention follows (a Softmax before the next residual cut):
+        the places between transformer blocks, in order (the k-th is after k blocks)."""
+        if self._block_cache is None:
+            g = self.model.graph
+            residual = self.residual_cuts()
+            self._block_cache = [
+                k
+                for k, end in zip(residual, [*residual[1:], len(self.core)], strict=False)
+                if any(g.node[i].op_type == "Softmax" for i in self.core[k:end])
+            ]
+        return self._block_cache
+
     # ------------------------------------------------------------ choosing cuts
 
     def cost_prefix(self) -> list[float]:
@@ -197,7 +248,8 @@ class Splitter:
 
     def choose_cuts(self, parts: int) -> list[int]:
         """Core positions of `parts - 1` cuts: near equal shares of cost, fewest crossing
-        tensors within the window around each share (ties: the nearer)."""
+        tensors within the window around each share (ties: a place between transformer
+        blocks, then the nearer)."""
         n = len(self.core)
         if parts < 2:
             return []
@@ -207,6 +259,7 @@ class Splitter:
         total = prefix[-1] or 1.0
         window = max(1, int(WINDOW * n))
         carried = self._counts()[0]
+        blocks = set(self.block_boundaries())  # between transformer blocks: preferred
         valid = [k for k in range(1, n) if self.valid(k)]
         if len(valid) < parts - 1:
             raise ValueError(f"{len(valid)} places keep Q/DQ pairs whole, {parts - 1} cuts asked")
@@ -219,7 +272,7 @@ class Splitter:
             room = room[: len(room) - (parts - 1 - j)]
             near = [k for k in room if abs(k - target) <= window]
             near = near or [min(room, key=lambda k: abs(k - target))]
-            cuts.append(min(near, key=lambda k: (carried[k], abs(k - target))))
+            cuts.append(min(near, key=lambda k: (carried[k], k not in blocks, abs(k - target))))
         return cuts
 
     # ------------------------------------------------------------ building parts
@@ -327,7 +380,10 @@ def _inferred(model: onnx.ModelProto) -> onnx.ModelProto:
     key = id(model)
     if key not in _INFERRED:
         _INFERRED.clear()
-        _INFERRED[key] = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        from winml_recipes.onnx.lightview import light_view
+
+        # inferred on a view without the weights' bytes (only the types and shapes are read)
+        _INFERRED[key] = onnx.shape_inference.infer_shapes(light_view(model), strict_mode=False)
     return _INFERRED[key]
 
 

@@ -103,10 +103,17 @@ class CompilePass(Pass[CompileConfig]):
         self, src: Path, config: CompileConfig, inputs: EstimateInputs
     ) -> MemoryEstimate | None:
         from winml_recipes.sdk.estimates import MemoryEstimate
-        from winml_recipes.sdk.memory import forward_estimate, larger, preparation_estimate
+        from winml_recipes.sdk.memory import (
+            forward_estimate,
+            larger,
+            preparation_estimate,
+            quantized_later,
+        )
         from winml_recipes.sdk.runtime import provider_for
 
         ep = provider_for(inputs.target)
+        if quantized_later(src, inputs.target):  # checked on the QDQ graph when it runs
+            return None
         prepare = preparation_estimate(src, inputs.contract, ep, "compile")
         try:
             split = _split_plan(src, config, ep, inputs.contract, inputs.budget_mb)

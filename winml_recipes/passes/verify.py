@@ -155,11 +155,12 @@ class VerifyPass(Pass[VerifyConfig]):
             phases.append(forward_estimate(inputs.reference, inputs.contract, "reference forward"))
         for name, (model, contract) in inputs.upstream.items():
             phases.append(forward_estimate(model, contract, f"{name} forward"))
-        from winml_recipes.sdk.memory import preparation_estimate
+        from winml_recipes.sdk.memory import preparation_estimate, quantized_later
         from winml_recipes.sdk.runtime import provider_for
 
         ep = provider_for(inputs.target)
-        if config.on_target and not ep.is_cpu:
+        # a float source standing in for the QDQ candidate: its preparation waits for it
+        if config.on_target and not ep.is_cpu and not quantized_later(src, inputs.target):
             phases.append(preparation_estimate(src, inputs.contract, ep, "candidate session"))
         best = larger(*phases)
         note = ep.estimate_note()

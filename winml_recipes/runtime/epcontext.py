@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -29,8 +30,9 @@ def compile_epcontext(
     embed: bool,
     provider_options: Mapping[str, str],
     device: str | None = None,
-) -> None:
-    """Write the EPContext model `out` for `src` on the EP `ep_key` (a child process)."""
+) -> dict[str, float | None]:
+    """Write the EPContext model `out` for `src` on the EP `ep_key` (a child process); the
+    child's wall seconds and peak RSS (MB) while it prepared the graph."""
     spec = {
         "src": str(src),
         "out": str(out),
@@ -48,9 +50,12 @@ def compile_epcontext(
     if done.returncode != 0:
         lines = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
         raise ExecutionProviderError(lines[-1].removeprefix("error: "), where=str(src))
+    measured = [s for s in done.stdout.splitlines() if s.startswith("{")]
+    return json.loads(measured[-1]) if measured else {"seconds": None, "peak_rss_mb": None}
 
 
 def _main(argv: list[str]) -> int:
+    from winml_recipes.runtime.memory import own_peak_rss_mb
     from winml_recipes.runtime.sessions import open_session
     from winml_recipes.sdk.errors import WinmlError
 
@@ -61,6 +66,7 @@ def _main(argv: list[str]) -> int:
         so.add_session_config_entry("ep.context_file_path", spec["out"])
         so.add_session_config_entry("ep.context_embed_mode", "1" if spec["embed"] else "0")
 
+    started = time.perf_counter()
     try:
         open_session(
             Path(spec["src"]),
@@ -74,6 +80,8 @@ def _main(argv: list[str]) -> int:
     except WinmlError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
+    seconds = round(time.perf_counter() - started, 1)
+    print(json.dumps({"seconds": seconds, "peak_rss_mb": own_peak_rss_mb()}))
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 
 def peak_rss_mb() -> float | None:
@@ -43,3 +44,15 @@ def _windows_peak() -> float | None:
     except (AttributeError, OSError):
         return None
     return round(counters.PeakWorkingSetSize / (1024 * 1024), 1) if ok else None
+
+
+def own_peak_rss_mb() -> float | None:
+    """Peak RSS of this process image alone, for a child that reports its own peak: on
+    Linux getrusage's ru_maxrss carries the parent's RSS across fork and exec (every part
+    of a split compile reported its parent's 3.6 GB), the kernel's VmHWM does not."""
+    status = Path("/proc/self/status")
+    if sys.platform.startswith("linux") and status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return peak_rss_mb()

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from winml_recipes.sdk.ep import ExecutionProvider
 
 MOST_PARTS = 16
-SPLIT_VERSION = 1  # bumped when the cut choice changes (cache key)
+SPLIT_VERSION = 2  # bumped when the cut choice changes (cache key)
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,8 @@ def plan_split(
 ) -> SplitPlan:
     """The parts to compile: cut after the tensors `cut_after` names when given, else
     `parts` when given, else one unless the EP's preparation estimate of the whole graph
-    exceeds `budget_mb` (then the fewest, up to MOST_PARTS, whose every part fits)."""
+    exceeds `budget_mb` or the EP's largest_mb (then the fewest, up to MOST_PARTS, whose
+    every part fits; cuts prefer the places between transformer blocks)."""
     # the estimate, the cache key and the run ask the same question: answered once
     key = (str(src), src.stat().st_mtime_ns, ep.key, ep.preparation_cost(),
            tuple(sorted(shapes.items())), parts, budget_mb, boundary, tuple(cut_after))  # fmt: skip
@@ -101,7 +102,8 @@ def _plan(
             tuple(made), tuple(costs), whole, f"cut after {len(made) - 1} tensors asked"
         )
     whole = _estimate(model, ep, shape_map)
-    if parts == 1 or (parts is None and (whole is None or budget_mb is None or whole <= budget_mb)):
+    limit, why_limit = _limit(ep, budget_mb)
+    if parts == 1 or (parts is None and (whole is None or limit is None or whole <= limit)):
         return SplitPlan((), (), whole, "")
     splitter = Splitter(model, boundary)
     counts = [parts] if parts is not None else range(2, MOST_PARTS + 1)
@@ -116,19 +118,29 @@ def _plan(
             break  # no more places to cut
         # a part's own inputs are sized by shape inference (fix_shapes made them static)
         costs = [_estimate(p.model, ep, shape_map) or 0.0 for p in made]
-        if parts is not None or max(costs) <= (budget_mb or float("inf")):
+        if parts is not None or max(costs) <= (limit or float("inf")):
             why = (
                 f"parts: {parts} asked"
                 if parts is not None
-                else f"the whole graph's preparation estimate {whole:.0f} MB exceeds the "
-                f"memory budget {budget_mb:.0f} MB"
+                else f"the whole graph's preparation estimate {whole:.0f} MB exceeds {why_limit}"
             )
             return SplitPlan(tuple(made), tuple(costs), whole, why)
     raise PassError(
         f"compile: no split into at most {MOST_PARTS} parts brings every part's preparation "
-        f"estimate under the memory budget ({budget_mb:.0f} MB); raise the budget or shrink "
-        "the graph's largest tensors"
+        f"estimate under {why_limit}; raise the budget or shrink the graph's largest tensors"
     )
+
+
+def _limit(ep: ExecutionProvider, budget_mb: float | None) -> tuple[float | None, str]:
+    """The largest part estimate a split allows: the memory budget, or the EP's largest
+    preparation known to finish at once (PreparationCost.largest_mb) where that is lower."""
+    cost = ep.preparation_cost()
+    largest = cost.largest_mb if cost is not None else None
+    if largest is not None and (budget_mb is None or largest < budget_mb):
+        return largest, f"the largest graph {ep.key} prepares at once ({largest:.0f} MB)"
+    if budget_mb is None:
+        return None, "no limit"
+    return budget_mb, f"the memory budget {budget_mb:.0f} MB"
 
 
 def compile_parts(
@@ -154,7 +166,7 @@ def compile_parts(
         # the EP writes its context binary beside it, named after its stem, in `out`'s folder
         ctx = out.parent / f"{out.stem}_part{j}.onnx"
         try:
-            compile_epcontext(
+            measured = compile_epcontext(
                 src, ctx, ep_key, embed=embed, provider_options=provider_options, device=device
             )
         except ExecutionProviderError as exc:
@@ -172,6 +184,9 @@ def compile_parts(
                 "inputs": list(part.inputs),
                 "outputs": list(part.outputs),
                 "estimate_mb": round(plan.estimates_mb[j]),
+                # the part's own process (one at a time): what its preparation took
+                "prepare_seconds": measured.get("seconds"),
+                "prepare_peak_rss_mb": measured.get("peak_rss_mb"),
             }
         )
     stitch(compiled, onnx.load(whole, load_external_data=False), out)

@@ -75,6 +75,11 @@ class PreparationCost:
     weight_factor: float
     fitted_on: str  # where the fit comes from (said in the estimate)
     lower_by: str = ""  # what to change when it does not fit
+    # The largest estimate a graph may have and still be prepared at once: above it, compile
+    # cuts the graph into parts whose estimates are under it, whatever the memory budget
+    # (a preparation can take hours long before it takes the whole budget). None: the
+    # budget alone decides.
+    largest_mb: float | None = None
 
 
 @dataclass

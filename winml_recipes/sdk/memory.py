@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # the names, for type checkers and editors
         graph_preparation_estimate,
         larger,
         preparation_estimate,
+        quantized_later,
         resolve_budget,
         rewrite_estimate,
     )
@@ -31,6 +32,7 @@ __all__ = [
     "graph_preparation_estimate",
     "larger",
     "preparation_estimate",
+    "quantized_later",
     "resolve_budget",
     "rewrite_estimate",
 ]

@@ -69,6 +69,8 @@ class CompiledPartRecord:
     outputs: tuple[str, ...]
     estimate_mb: float | None = None
     binaries: tuple[str, ...] = ()
+    prepare_seconds: float | None = None  # the part's own compile process: wall time
+    prepare_peak_rss_mb: float | None = None  # and peak RSS
 
     @classmethod
     def from_manifest(cls, data: dict[str, Any]) -> CompiledPartRecord:
@@ -79,6 +81,8 @@ class CompiledPartRecord:
             outputs=tuple(data.get("outputs") or ()),
             estimate_mb=data.get("estimate_mb"),
             binaries=tuple(data.get("binaries") or ()),
+            prepare_seconds=data.get("prepare_seconds"),
+            prepare_peak_rss_mb=data.get("prepare_peak_rss_mb"),
         )
 
 
@@ -117,7 +121,8 @@ class StepRecord:
         "auto adds mixed_precision_auto (promoted[] with kind, round and the damage "
         "measured for each, rounds[] with each round's output SQNR; README, Quantization); "
         "compile in parts adds split {parts[] (CompiledPartRecord: index, nodes, inputs, "
-        "outputs, estimate_mb, binaries), boundary, why, whole_estimate_mb}.",
+        "outputs, estimate_mb, binaries, prepare_seconds, prepare_peak_rss_mb), boundary, "
+        "why, whole_estimate_mb}.",
         None,
     )
     artifacts: tuple[ArtifactRecord, ...] | None = describe(

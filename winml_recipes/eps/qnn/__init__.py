@@ -36,6 +36,11 @@ PREPARE_MB_PER_MILLION = 0.97
 # MB per MB of weights: at least (19,168 - 1,210 - 0.97 x 430) / 453 = 38.7 for the full-size
 # SAM 3 encoder, whose preparation passed 19.2 GB without finishing (bench/sam3_full.py).
 PREPARE_WEIGHT_FACTOR = 40.0
+# The largest estimate compile prepares at once: the 32-layer encoder (estimate 19 GB)
+# held 16 GB for 45 minutes unfinished, while parts of a few ViT layers prepare in minutes
+# well under it (docs/sam3-htp-memory.md, "32 layers"); above it, compile splits the graph
+# at transformer-block boundaries into parts estimated under it, whatever the budget.
+PREPARE_LARGEST_MB = 6000.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,7 @@ class QnnHtp(ExecutionProvider):
             weight_factor=PREPARE_WEIGHT_FACTOR,
             fitted_on="SAM 3 ViT blocks and sam3-mid's encoder, w8a16, tensors up to 430 M; "
             "the weights' factor a lower bound from the 32-layer encoder (> 19.2 GB)",
+            largest_mb=PREPARE_LARGEST_MB,
             lower_by=(
                 "prepare's ep stage computes attention in query chunks above the qnn-htp "
                 "plugin's max_tensor_elements; compile prepares in parts that fit (compile: "
