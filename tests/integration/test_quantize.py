@@ -1192,6 +1192,57 @@ def test_build_onnx_of_a_qdq_model_says_what_it_built(tmp_path: Path) -> None:
     assert "quantize skipped: source already quantized (QDQ" in done.stdout
 
 
+def _w8a16_qdq_mlp(path: Path, weight_type: int) -> Path:
+    """x -> MatMul(W) -> Add(b) as an npu/w8a16 build writes it: uint16 activations, W at
+    `weight_type`, and the Add's constant quantized like an activation (uint16)."""
+    rng = np.random.default_rng(0)
+    w_np = {TensorProto.UINT8: np.uint8, TensorProto.UINT16: np.uint16}[weight_type]
+    inits = [
+        numpy_helper.from_array(rng.integers(0, 200, (4, 3)).astype(w_np), "w_q"),
+        numpy_helper.from_array(np.array(0.01, np.float32), "w_s"),
+        numpy_helper.from_array(np.array(100, w_np), "w_z"),
+        numpy_helper.from_array(rng.integers(0, 60000, (3,)).astype(np.uint16), "b_q"),
+        numpy_helper.from_array(np.array(1e-4, np.float32), "b_s"),
+        numpy_helper.from_array(np.array(30000, np.uint16), "b_z"),
+        numpy_helper.from_array(np.array(1e-4, np.float32), "a_s"),
+        numpy_helper.from_array(np.array(32768, np.uint16), "a_z"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "a_s", "a_z"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "a_s", "a_z"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"]),
+        helper.make_node("MatMul", ["xd", "w"], ["m"]),
+        helper.make_node("QuantizeLinear", ["m", "a_s", "a_z"], ["mq"]),
+        helper.make_node("DequantizeLinear", ["mq", "a_s", "a_z"], ["md"]),
+        helper.make_node("DequantizeLinear", ["b_q", "b_s", "b_z"], ["b"]),
+        helper.make_node("Add", ["md", "b"], ["a"]),
+        helper.make_node("QuantizeLinear", ["a", "a_s", "a_z"], ["aq"]),
+        helper.make_node("DequantizeLinear", ["aq", "a_s", "a_z"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "qdq_mlp", [helper.make_tensor_value_info("x", F, [2, 4])],
+        [helper.make_tensor_value_info("y", F, [2, 3])], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    onnx.save(model, path)
+    return path
+
+
+def test_a_w8a16_build_is_a_w8a16_source(tmp_path: Path) -> None:
+    """This tool's own npu/w8a16 output (uint8 weights, elementwise constants at uint16 like
+    activations) builds again for npu/w8a16 as it is (it was refused as 'would stay as
+    quantized'); a graph whose MatMul weights are 16-bit is still refused for w8a16."""
+    ours = _w8a16_qdq_mlp(tmp_path / "ours.onnx", TensorProto.UINT8)
+    done = cli("build", "--onnx", ours, "--device", "npu", "--precision", "w8a16",
+               "-o", tmp_path / "o")  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    assert "quantize skipped: source already quantized (QDQ" in done.stdout
+    wide = _w8a16_qdq_mlp(tmp_path / "wide.onnx", TensorProto.UINT16)
+    message = user_error("build", "--onnx", wide, "--device", "npu", "--precision", "w8a16",
+                         "-o", tmp_path / "o2")  # fmt: skip
+    assert "npu/w8a16 asks for uint16 activations and uint8 weights" in message
+
+
 def test_converter_dim_names_are_renamed_and_settable(tmp_path: Path, monkeypatch) -> None:
     """Dims as converters write them: paddle2onnx's `p2o.DynamicDimension.0`, `?`, torch
     dynamo's `((4//s3)) - 1` and a -1 value. The catalog names them `<input>_dim<i>`;

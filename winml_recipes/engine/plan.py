@@ -247,13 +247,7 @@ def _precision_mismatch(facts: ModelFacts, target) -> str | None:
         return None
     want = precision_settings(target.precision)
     have = f"{facts.quant_summary}"
-    matching = [
-        p
-        for p in precisions()
-        if precision_settings(p).get("kind") == "integer"
-        and set(facts.weight_dtypes) <= {precision_settings(p)["weight_type"]}
-        and set(facts.activation_dtypes) <= {precision_settings(p)["activation_type"]}
-    ]
+    matching = [p for p in precisions() if _has_precision(facts, precision_settings(p))]
     if want.get("kind") == "integer" and target.precision in matching:
         return None
     if want.get("kind") == "integer":
@@ -266,6 +260,22 @@ def _precision_mismatch(facts: ModelFacts, target) -> str | None:
         f"{target.device}/{target.precision} asks for {asks}; add a {pass_making('float')} step "
         f"before {pass_making('integer')} to requantize it (or run `{DEQUANTIZE_COMMAND}` on "
         f"the file first){other}"
+    )
+
+
+def _has_precision(facts: ModelFacts, settings: dict) -> bool:
+    """Whether a quantized source is already of an integer precision's types. Constants
+    quantized at the activation type are allowed beside the weight type: EP rules quantize
+    elementwise constants (a LayerNorm's scale, an added bias) like activations (this tool's
+    own npu/w8a16 output holds uint16 constants beside its uint8 weights)."""
+    if settings.get("kind") != "integer":
+        return False
+    weight, activation = settings["weight_type"], settings["activation_type"]
+    weights = set(facts.weight_dtypes)
+    return (
+        set(facts.activation_dtypes) <= {activation}
+        and weights <= {weight, activation}
+        and (not weights or weight in weights)
     )
 
 
