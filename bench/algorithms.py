@@ -81,11 +81,18 @@ def cell(name: str, variant: str) -> dict:
 
 
 def _kept(manifest: dict) -> dict:
-    """{"kept": the algorithms the quantize step kept or applied}, or {} without any."""
+    """{"kept": the algorithms the quantize step kept or applied, "tried": auto's candidates
+    and their scores}, or {} without any."""
     steps = manifest.get("components", {}).get("model", {}).get("steps", [])
     quantize = next((s for s in steps if s.get("pass") == "quantize"), {})
     algos = (quantize.get("metrics") or {}).get("algorithms")
-    return {"kept": algos.get("kept", algos.get("applied"))} if algos else {}
+    if not algos:
+        return {}
+    out = {"kept": algos.get("kept", algos.get("applied"))}
+    if "tried" in algos:
+        out["tried"] = algos["tried"]
+        out["ranges"] = algos.get("kept_ranges", "minmax")
+    return out
 
 
 def run_cell(name: str, variant: str) -> dict:
@@ -113,7 +120,10 @@ def render(rows: list[dict], variants: list[str]) -> None:
                 if r.get("gate"):
                     text += " (withheld)"
                 if v == "auto" and "kept" in r:
-                    text += f" [{'+'.join(r['kept']) or 'none'}]"
+                    clipped = (
+                        [r["ranges"] + " ranges"] if r.get("ranges", "minmax") != "minmax" else []
+                    )
+                    text += f" [{'+'.join(clipped + r['kept']) or 'none'}]"
             else:
                 text = "fails" if r else "-"
             out.append(text)

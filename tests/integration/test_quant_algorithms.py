@@ -164,7 +164,9 @@ def test_each_algorithm_lifts_uint8_on_htp_where_its_graph_needs_it(tmp_path, na
     if name == "cle":
         (pair,) = record["float_rewrites"]["cle"]["pairs"]
         assert pair["pair"] == ["conv1", "conv2"] and pair["through"] == ["Relu"]
-        assert max(pair["spread_after"]) < 2 < min(pair["spread_before"])
+        # power-of-two scales: bit-exact, each channel within sqrt(2) of equal
+        assert record["float_rewrites"]["max_relative_change"] == 0.0
+        assert max(pair["spread_after"]) < 3 < 30 < min(pair["spread_before"])
     if name == "smoothquant":
         (site,) = record["float_rewrites"]["smoothquant"]["smoothed"]
         assert site["activation"] == "n" and site["folded_into"] == "ln scale and bias"
@@ -183,14 +185,63 @@ def test_auto_keeps_what_scores_best_on_htp_and_says_what_it_tried(tmp_path) -> 
     assert "cle" in record["kept"]
     # the catalog's task (feature-extraction) has a metric: auto ranks by it, as verify gates
     assert record["score"].startswith("task metric embedding-cosine (cosine_worst)")
-    tried = {tuple(t["algorithms"]): t for t in record["tried"]}
-    assert () in tried and ("cle",) in tried
-    kept = tried[tuple(record["kept"])]["task_metric"]["cosine_worst"]
+    tried = {_candidate(t): t for t in record["tried"]}
+    assert ((), "minmax") in tried and (("cle",), "minmax") in tried
+    # then clipped activation ranges, with plain weights and with the best combination
+    assert ((), "percentile") in tried
+    kept_key = (tuple(record["kept"]), record["kept_ranges"])
+    kept = tried[kept_key]["task_metric"]["cosine_worst"]
     scored = [t for t in tried.values() if "task_metric" in t]
     assert all(t["task_metric"]["cosine_worst"] <= kept + 1e-3 for t in scored)
     # nothing with fewer algorithms comes within the tie margin (else it would be kept)
     assert all(t["task_metric"]["cosine_worst"] < kept - 1e-3 for t in scored
-               if len(t["algorithms"]) < len(record["kept"]))  # fmt: skip
+               if _cost(t) < _cost(tried[kept_key]))  # fmt: skip
+
+
+def _candidate(entry: dict) -> tuple[tuple[str, ...], str]:
+    return tuple(entry["algorithms"]), entry.get("ranges", "minmax")
+
+
+def _cost(entry: dict) -> int:
+    """What auto counts on a tie: the algorithms, clipped ranges as one."""
+    return len(entry["algorithms"]) + ("ranges" in entry)
+
+
+def outlier_graph(path: Path) -> Path:
+    """tanh(2x): no weights, so no algorithm applies; what uint8 loses is x's range."""
+    return _save(
+        path,
+        [
+            helper.make_node("Mul", ["x", "two"], ["h"], name="scale"),
+            helper.make_node("Tanh", ["h"], ["y"], name="tanh"),
+        ],
+        [_vi("x", [1, 8, 64, 64])],
+        [_vi("y", [1, 8, 64, 64])],
+        [_const("two", np.asarray(2.0, np.float32))],
+    )
+
+
+def test_auto_clips_activation_ranges_where_a_calibration_outlier_stretches_them(
+    tmp_path,
+) -> None:
+    """One calibration value 400x the others stretches x's min/max range, and held-out
+    samples (without it) lose uint8's resolution; auto's percentile ranges clip it."""
+    model = outlier_graph(tmp_path / "outlier.onnx")
+    calibration = _data((1, 8, 64, 64), 8, 0, -1.0, 1.0)
+    calibration[0]["x"][0, 0, 0, 0] = 400.0
+    held_out = _data((1, 8, 64, 64), 4, 99, -1.0, 1.0)
+    reference = run_model(model, held_out)
+    samples = calibration + held_out
+    plain, _ = _build(tmp_path / "plain", model, "", samples, "[-1.0, 1.0]")
+    tuned, metrics = _build(tmp_path / "tuned", model, "algorithms: auto, ", samples, "[-1.0, 1.0]")
+    before = _sqnr(reference, run_model(plain, held_out, "qnn-htp", fallback=False))
+    after = _sqnr(reference, run_model(tuned, held_out, "qnn-htp", fallback=False))
+    assert after >= before + 15, f"{before:.2f} -> {after:.2f} dB on HTP"
+    record = metrics["algorithms"]
+    assert [_candidate(t) for t in record["tried"]] == [((), "minmax"), ((), "percentile")]
+    assert record["kept"] == [] and record["kept_ranges"] == "percentile"
+    assert metrics["calibration_method"] == "percentile"
+    assert "percentile activation ranges" in record["why"]
 
 
 def test_auto_ranks_by_the_task_metric_not_output_sqnr(tmp_path) -> None:
@@ -199,8 +250,8 @@ def test_auto_ranks_by_the_task_metric_not_output_sqnr(tmp_path) -> None:
     cosine verify gates on is the same within 1e-3 either way, so auto keeps the cheaper
     plain ranges (ranked by SQNR it would keep bias correction)."""
     _, _, record = _with_and_without(tmp_path, "bias_correction", "algorithms: auto, ")
-    tried = {tuple(t["algorithms"]): t for t in record["tried"]}
-    plain, corrected = tried[()], tried[("bias_correction",)]
+    tried = {_candidate(t): t for t in record["tried"]}
+    plain, corrected = tried[(), "minmax"], tried[("bias_correction",), "minmax"]
     sqnr = min(corrected["output_sqnr_db"].values()) - min(plain["output_sqnr_db"].values())
     assert sqnr > 10, f"bias correction: +{sqnr:.1f} dB only; the graph no longer disagrees"
     cosine = [t["task_metric"]["cosine_worst"] for t in (plain, corrected)]

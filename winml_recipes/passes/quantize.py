@@ -267,10 +267,13 @@ def _static(
         skip_held_out = 0 if own_held_out or not from_files else cal.samples
         from winml_recipes.quant.algorithms.choose import choose
 
-        def attempt(algorithms: tuple[str, ...], dest: Path, work: Path) -> _Quantized:
+        def attempt(
+            algorithms: tuple[str, ...], dest: Path, work: Path, ranges: str | None
+        ) -> _Quantized:
+            tried = cfg if ranges is None else replace(cfg, calibration=replace(cal, method=ranges))
             return _quantize_with(
-                float_src, load_model(float_src), dest, cfg, algorithms, exclude, counted,
-                ctx, work, keep if not work.name.endswith("-0") else None,
+                float_src, load_model(float_src), dest, tried, algorithms, exclude, counted,
+                ctx, work, keep if work.name == "candidate-0" else None,
             )  # fmt: skip
 
         done, algorithms_record = choose(
@@ -287,7 +290,8 @@ def _static(
             algorithms_record = {"applied": list(cfg.algorithms), **done.algorithms}
     ep_metrics.update(done.ep_metrics)
     metrics: dict[str, Any] = {
-        "calibration_method": cal.method,
+        # auto may keep a candidate calibrated with another method (clipped ranges)
+        "calibration_method": (algorithms_record or {}).get("kept_ranges", cal.method),
         "calibration_source": describe_source(cal_options, ctx.contract, held_out=False),
         "calibration_samples": counted.max_seen,
         "calibration_time_seconds": round(done.calibration_seconds, 3),

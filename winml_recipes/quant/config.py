@@ -103,7 +103,7 @@ class AlgorithmsAuto:
     """`algorithms: auto`: candidate combinations scored on held-out data on the target."""
 
     budget_seconds: float = option(600.0, "Stop trying candidates after this.", minimum=1)
-    samples: int = option(4, "Held-out samples each candidate is scored on.", minimum=1,
+    samples: int = option(8, "Held-out samples each candidate is scored on.", minimum=1,
                           maximum=64)  # fmt: skip
     npz: str | None = option(
         None, "Held-out scoring data (.npz glob). Default: the calibration files' samples "

@@ -3,7 +3,8 @@
 For two linear layers (Conv/Conv, Conv/Gemm, MatMul/MatMul, ...) joined by positively
 homogeneous ops (ReLU, LeakyReLU, PReLU, MaxPool), output channel i of the first is divided
 by s_i and input channel i of the second multiplied by it, with s_i = sqrt(r1_i / r2_i)
-(r: the channel's largest |weight|), so both layers' channel ranges become sqrt(r1_i r2_i).
+(r: the channel's largest |weight|) rounded to a power of two, so both layers' channel
+ranges become sqrt(r1_i r2_i) within a factor sqrt(2).
 Exact in float (f(x / s) = f(x) / s for s > 0); per-channel quantization of the first
 layer no longer wastes steps on small channels of the second."""
 
@@ -71,7 +72,7 @@ class EqualizeLayers(ir.passes.InPlacePass):
                 with np.errstate(divide="ignore", invalid="ignore"):
                     s = np.sqrt(r1 / r2)
                 s = np.where(np.isfinite(s) & (r1 > 0) & (r2 > 0), s, 1.0)
-                s = np.clip(s, *S_BOUNDS).astype(np.float32)
+                s = _power_of_two(np.clip(s, *S_BOUNDS))
                 key = f"{first.node.name}->{second.node.name}"
                 entry = done.setdefault(key, {
                     "pair": [first.node.name, second.node.name],
@@ -85,6 +86,14 @@ class EqualizeLayers(ir.passes.InPlacePass):
                 )
         self.record = list(done.values())
         return ir.passes.PassResult(model, modified=bool(done))
+
+
+def _power_of_two(s: np.ndarray) -> np.ndarray:
+    """`s` rounded to powers of two (within sqrt(2) of it): dividing and multiplying by
+    them is exact in float, so the rewrite is bit-exact. Other scales round each weight,
+    and a model with steep outputs (PP-OCR's text detector: a sigmoid map) moved by 0.5-1%
+    of its range under every pair, over the exactness check's 0.1%."""
+    return np.exp2(np.round(np.log2(s))).astype(np.float32)
 
 
 def _spread(r1: np.ndarray, r2: np.ndarray) -> list[float]:
