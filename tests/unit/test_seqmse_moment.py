@@ -69,6 +69,9 @@ def test_no_folding_when_it_would_not_save_rows() -> None:
     w = np.ones((8, 4), np.float32)
     (layer,) = weight_layers(_model("MatMul", 8, 4, w))
     assert second_moment_rows(layer, [np.ones((1, 5, 8), np.float32)]) is None
+    # 3 K rows: a K x K factor (twice, in float64) would hold more than the rows do
+    assert second_moment_rows(layer, [np.ones((1, 24, 8), np.float32)]) is None
+    assert second_moment_rows(layer, [np.ones((1, 32, 8), np.float32)]) is not None
 
 
 def _spec(axis: int) -> WeightQuant:

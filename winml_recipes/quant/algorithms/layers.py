@@ -115,6 +115,12 @@ class LayerRunner:
 
 # Rows of a layer input folded into its second moment per block (bounds the f32 product).
 _MOMENT_ROWS = 8192
+# The second moment is used only where it scores over at most this fraction of the rows: a
+# [K, K] float64 Gram matrix and its Cholesky factor cost 16 K^2 bytes (fc2 of a ViT-L,
+# K = 4096: 268 MB) against 4 K bytes per row, so near K rows it costs more memory than it
+# saves time (sam3-mid's encoder at 504 px, 4 samples: 5,184 rows for K = 4,096 put
+# seqmse's peak at 2.23x plain calibration's).
+_MOMENT_MAX_ROW_FRACTION = 0.25
 
 
 def second_moment_rows(layer: Layer, inputs: list[np.ndarray]) -> list[np.ndarray] | None:
@@ -125,7 +131,7 @@ def second_moment_rows(layer: Layer, inputs: list[np.ndarray]) -> list[np.ndarra
     if layer.op not in ("MatMul", "Gemm") or any(x.ndim < 2 for x in inputs):
         return None
     k = inputs[0].shape[-1]
-    if sum(x.size // k for x in inputs) <= k:
+    if k > _MOMENT_MAX_ROW_FRACTION * sum(x.size // k for x in inputs):
         return None
     gram = np.zeros((k, k), np.float64)
     for x in inputs:
@@ -133,15 +139,18 @@ def second_moment_rows(layer: Layer, inputs: list[np.ndarray]) -> list[np.ndarra
         for start in range(0, rows.shape[0], _MOMENT_ROWS):
             block = rows[start : start + _MOMENT_ROWS].astype(np.float32)
             gram += block.T @ block
-    # Cholesky of the (possibly rank-deficient) Gram matrix, with a jitter of its scale;
-    # an eigendecomposition when even that fails.
+    # Cholesky of the (possibly rank-deficient) Gram matrix, with a jitter of its scale on
+    # the diagonal (in place: no second K x K matrix); an eigendecomposition when even that
+    # fails.
     jitter = 1e-10 * max(float(np.trace(gram)) / k, 1e-30)
+    gram[np.diag_indices(k)] += jitter
     try:
-        root = np.linalg.cholesky(gram + jitter * np.eye(k)).T
+        root = np.linalg.cholesky(gram).T.astype(np.float32)
     except np.linalg.LinAlgError:
         vals, vecs = np.linalg.eigh(gram)
-        root = np.sqrt(np.clip(vals, 0, None))[:, None] * vecs.T
-    return [root.astype(np.float32)]
+        del gram
+        root = (np.sqrt(np.clip(vals, 0, None))[:, None] * vecs.T).astype(np.float32)
+    return [root]
 
 
 def per_channel(y: np.ndarray, axis: int, reduce: str = "sum") -> np.ndarray:
@@ -205,13 +214,23 @@ def collect_inputs(
 
 @dataclass(frozen=True)
 class WeightQuant:
-    """How onnxruntime quantized one weight: its dequantized values and granularity."""
+    """How onnxruntime quantized one weight: its values and granularity. Every layer's is
+    held while the layers are tuned, so the integers are kept (a quarter of the float
+    bytes at 8 bits) and dequantized when asked."""
 
-    dequantized: np.ndarray
+    quantized: np.ndarray  # the integers, or already dequantized floats (scale 1, zp 0)
     axis: int | None  # per-channel axis, None: per tensor
     qmin: int
     qmax: int
     symmetric: bool
+    scale: np.ndarray | float = 1.0  # broadcastable to `quantized`
+    zero_point: np.ndarray | int = 0
+
+    @property
+    def dequantized(self) -> np.ndarray:
+        if self.quantized.dtype == np.float32:
+            return self.quantized
+        return ((self.quantized.astype(np.int64) - self.zero_point) * self.scale).astype(np.float32)
 
 
 def quantized_weights(qmodel: onnx.ModelProto, layers: Sequence[Layer]) -> dict[str, WeightQuant]:
@@ -227,7 +246,7 @@ def quantized_weights(qmodel: onnx.ModelProto, layers: Sequence[Layer]) -> dict[
         dq = producer.get(node.input[1]) if node is not None else None
         if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in inits:
             continue
-        q = numpy_helper.to_array(inits[dq.input[0]]).astype(np.int64)
+        stored = numpy_helper.to_array(inits[dq.input[0]])  # its own integer type
         scale = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float32)
         zp = (
             numpy_helper.to_array(inits[dq.input[2]]).astype(np.int64)
@@ -238,17 +257,18 @@ def quantized_weights(qmodel: onnx.ModelProto, layers: Sequence[Layer]) -> dict[
         if scale.size > 1:
             named = (helper.get_attribute_value(a) for a in dq.attribute if a.name == "axis")
             axis = next(named, 1)
-            shape = [1] * q.ndim
+            shape = [1] * stored.ndim
             shape[axis] = -1
             scale, zp = scale.reshape(shape), zp.reshape(shape)
-        deq = ((q - zp) * scale).astype(np.float32)
         elem = inits[dq.input[0]].data_type
         # symmetric iff every zero point is the type's midpoint and the range is symmetric
         sym_min, sym_max = get_qmin_qmax_for_qType(elem, symmetric=True)
         mid = round((int(sym_min) + int(sym_max)) / 2)
         symmetric = bool(np.all(zp == mid))
         qmin, qmax = get_qmin_qmax_for_qType(elem, symmetric=symmetric)
-        found[layer.weight] = WeightQuant(deq, axis, int(qmin), int(qmax), symmetric)
+        found[layer.weight] = WeightQuant(
+            stored, axis, int(qmin), int(qmax), symmetric, scale, zp.astype(np.int32)
+        )
     return found
 
 
