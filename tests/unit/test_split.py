@@ -48,14 +48,7 @@ def _chain(blocks: int = 6) -> onnx.ModelProto:
             helper.make_node("Relu", [f"mdq{b}"], [f"r{b}"]),
         ]
         name, width = f"r{b}", out_width
-    graph = helper.make_graph(
-        nodes,
-        "chain",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [SIDE, SIDE])],
-        [helper.make_tensor_value_info(name, TensorProto.FLOAT, [SIDE, width])],
-        inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    return _model(nodes, inits, "chain", [SIDE, SIDE], name, [SIDE, width])
 
 
 def _run_parts(parts, feed: dict) -> dict:
@@ -228,14 +221,7 @@ def _transformer(blocks: int = 4, hidden: int = 8, mlp: int = 32) -> onnx.ModelP
         act = op("Relu", [up], f"act{i}")
         down = op("MatMul", [act, weight(f"wd{i}", (mlp, hidden))], f"down{i}")
         x = op("Add", [h, down], f"res2_{i}")
-    graph = helper.make_graph(
-        nodes,
-        "transformer",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [SIDE, hidden])],
-        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [SIDE, hidden])],
-        inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    return _model(nodes, inits, "transformer", [SIDE, hidden], x, [SIDE, hidden])
 
 
 def test_cuts_fall_between_transformer_blocks() -> None:
@@ -310,3 +296,14 @@ def test_the_eps_ceiling_splits_a_graph_the_budget_would_take_whole(tmp_path: Pa
     # without the ceiling the budget alone decides: one part
     steep = _Steep(**{f: getattr(PLUGIN, f) for f in PLUGIN.__dataclass_fields__})
     assert plan_split(path, replace(steep, key="qnn-htp-steep3"), {}, None, 1e9).count == 0
+
+
+def _model(nodes, inits, name: str, x_shape: list, out: str, out_shape: list) -> onnx.ModelProto:
+    """One-input float graph `x` -> `out`, opset 21."""
+    graph = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, out_shape)],
+        inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
