@@ -365,13 +365,25 @@ def _restore_and_clean(out_dir: Path) -> None:
     the output and of its `.failed` evidence)."""
     failed = failed_dir_for(out_dir)
     for folder in (out_dir, failed):
-        olds = sorted(out_dir.parent.glob(f".old-{folder.name}-*"), key=lambda p: p.stat().st_mtime)
+        olds = sorted(
+            _leftovers(out_dir.parent, ".old", folder.name), key=lambda p: p.stat().st_mtime
+        )
         if not folder.exists() and olds:
             os.rename(olds.pop(), folder)
         for stale in olds:
             shutil.rmtree(stale, ignore_errors=True)
-    for stale in out_dir.parent.glob(f".staging-{out_dir.name}-*"):
+    for stale in _leftovers(out_dir.parent, ".staging", out_dir.name):
         shutil.rmtree(stale, ignore_errors=True)
+
+
+def _leftovers(parent: Path, kind: str, name: str) -> list[Path]:
+    """`{kind}-{name}-{pid}` folders of exactly this output: a glob on `{name}-*` would
+    also take another target's whose name starts with it (npu-uint8 and the running
+    npu-uint8-openvino build's staging folder)."""
+    import re
+
+    exact = re.compile(rf"{re.escape(kind)}-{re.escape(name)}-\d+")
+    return [p for p in parent.glob(f"{kind}-{name}-*") if exact.fullmatch(p.name)]
 
 
 def _swap_into_place(staging: Path, out_dir: Path) -> None:

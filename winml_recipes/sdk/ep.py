@@ -211,6 +211,11 @@ class ExecutionProvider:
         """Provider options for a session on `device`: defaults, then `extra`."""
         return {**self.options, **(extra or {})}
 
+    def no_device_reason(self, devices: Sequence[Any]) -> str | None:
+        """Why the registered plugin offers no device here, judged from onnxruntime's
+        EP devices (`devices`), in one line; None for the generic message."""
+        return None
+
     def refusal_reason(self, log: str) -> str | None:
         """The EP's own reason for nodes it refused, from what it logged, or None."""
         found = _GENERIC_REASON.search(log)
