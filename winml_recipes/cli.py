@@ -348,9 +348,11 @@ def build(
         if as_json:
             _echo_json(result.manifest)
         else:
+            from winml_recipes.console import fit_all
+
             _print_summary(result.manifest, result.output_dir)
-            for note in result.notes:
-                click.echo(note)
+            for line in fit_all(result.notes):
+                click.echo(line)
         return
     if shapes or calibration_data or eval_data or allow_calibration_overlap or task:
         raise RecipeError(

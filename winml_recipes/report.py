@@ -467,7 +467,7 @@ def _recipe_words(build: BuildFolder) -> str:
     generated into a folder deleted after the build) the model file it was built from."""
     m = build.manifest
     path = m["recipe"]["path"]
-    if Path(path).is_file() or ADHOC not in path:
+    if ADHOC not in Path(path).parent.parent.name:
         return f"recipe <code>{_e(path)}</code>"
     sources = [
         str((c.get("source") or {}).get("path") or (c.get("source") or {}).get("ref") or "")
