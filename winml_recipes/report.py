@@ -164,15 +164,10 @@ def _not_recorded_why(build: BuildFolder) -> str:
     return "verify did not record it (it did not run the model on the target)"
 
 
-def _sample_words(build: BuildFolder) -> str:
-    """What the per-layer plot's sample is, in words that fit the model."""
-    sources = []
-    for name, record in build.manifest["components"].items():
-        m = ((_step(record, "verify") or {}).get("metrics")) or {}
-        sources.append(f"{name}: {m['data_source']}" if m.get("data_source") else None)
-    known = [s for s in sources if s]
-    told = f" ({'; '.join(known)})" if known else " (seeded inputs)"
-    return f"one sample: the first verify measured{told}"
+def _sample_words(build: BuildFolder, name: str) -> str:
+    """What a recorded per-layer plot's sample is, in words that fit the model."""
+    m = ((_step(build.manifest["components"][name], "verify") or {}).get("metrics")) or {}
+    return f"the first verify measured ({m.get('data_source') or 'seeded inputs'})"
 
 
 def _layers_section(
@@ -197,10 +192,11 @@ def _layers_section(
         extra = "" if build.failed else f" To compute it (another run on the target): {cmd}."
         return f'<p class="note">Not recorded: {_e(why)}.{extra}</p>'
     parts = [
-        f'<p class="note">Each quantized activation of the model on the target and on the '
-        f"CPU EP's simulation of Q/DQ, against the float model's tensor, in graph order; "
-        f"{_e(_sample_words(build))}. Red marks: layers where the target departs from the "
-        f"simulation (below the threshold against it and 3 dB or more further from float).</p>"
+        '<p class="note">Each quantized activation of the model on the target and on the '
+        "CPU EP's simulation of Q/DQ, against the float model's tensor, in graph order, on "
+        "one sample (said under each plot). Red marks: layers where the target departs from "
+        "the simulation (below the threshold against it and 3 dB or more further from "
+        "float).</p>"
     ]
     for comp in build.components:
         parts.append(f"<h3>{_e(comp.name)}</h3>")
@@ -265,8 +261,8 @@ def _layer_plot_and_table(build: BuildFolder, name: str, data: dict[str, Any]) -
     verify = _step(build.manifest["components"][name], "verify") or {}
     where = ran_on_name(verify.get("metrics") or {}) if verify else shown_name(build.ep_key)
     out = [layer_plot(name, series, where, flagged=departed)]
-    if data.get("source"):
-        out.append(f'<p class="note">{_e(data["source"])}</p>')
+    source = data.get("source") or _sample_words(build, name)
+    out.append(f'<p class="note">sample: {_e(source)}</p>')
     if departed:
         first = rows[departed[0]]
         out.append(
@@ -320,7 +316,7 @@ def _picture_section(build: BuildFolder) -> str:
     summary_path = build.folder / "run" / "summary.json"
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
-        png = Path(summary["picture"]).read_bytes()
+        png = (summary_path.parent / Path(summary["picture"]).name).read_bytes()
     except (OSError, ValueError, KeyError, TypeError):
         if build.failed:
             return '<p class="note">not made: the build failed</p>'

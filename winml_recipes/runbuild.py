@@ -167,10 +167,6 @@ def run_and_write(
     from winml_recipes.runcost import run_cost
 
     build = open_build(build_dir, contracts=True)
-    cost = run_cost(build, compiled)
-    if say is not None:
-        for line in cost.lines:
-            say(f"run: {line}")
     inputs, about = prepare_inputs(
         build,
         Path(image) if image else None,
@@ -178,6 +174,10 @@ def run_and_write(
         boxes,
         Path(npz) if npz else None,
     )
+    cost = run_cost(build, compiled)  # said once the inputs are known good
+    if say is not None:
+        for line in cost.lines:
+            say(f"run: {line}")
     target = run_target(build, inputs, compiled, simulate=cost.simulate)
     about["notes"] += [f"{c}: ran on the CPU simulation (verify did too)" for c in cost.simulate]
     has_float = any(c.reference is not None for c in build.components)
