@@ -689,7 +689,7 @@ def inspect(model, as_json) -> None:
 
 
 COMPARE_TOP = 15
-_TENSOR_WIDTH = 34
+_TENSOR_WIDTH = 21  # a row: 80 columns
 
 
 @main.command()
