@@ -26,7 +26,10 @@ class _Group(click.Group):
             if ctx.obj and ctx.obj.get("debug"):
                 raise
             # Messages may quote a file or a server: no control character reaches the terminal.
-            click.echo(f"error: {printable(exc)}", err=True)
+            from winml_recipes.console import fit_all
+
+            for line in fit_all([f"error: {printable(exc)}"]):  # one line unless on a console
+                click.echo(line, err=True)
             sys.exit(exc.exit_code)
         except OSError as exc:  # a path that is not writable, not a directory, ...
             if ctx.obj and ctx.obj.get("debug"):
