@@ -256,9 +256,9 @@ def test_report_does_not_prepare_what_verify_ran_on_the_simulation(tmp_path, mon
     assert next(s for s in encoder if s["pass"] == "verify")["metrics"]["verified_on"] == (
         "cpu-simulation"
     )
+    built = (result.output_dir / "report.html").read_text(encoding="utf-8")  # the build's
+    assert "Not recorded: " in built and 'class="layer-plot"' not in built
     sessions = _Counted(monkeypatch)
     text = api.report(result.output_dir, layers=True).read_text(encoding="utf-8")
     assert sessions.paths == []
     assert "vision_encoder was verified on the CPU simulation (verify: on_target false)" in text
-    built = (result.output_dir / "report.html").read_text(encoding="utf-8")  # the build's
-    assert "Not recorded: " in built and 'class="layer-plot"' not in built
