@@ -21,6 +21,7 @@ from collections.abc import Iterable
 WIDTH = 80
 GLUE = "\xa0"  # textwrap does not break here: a number stays with its unit
 _UNIT = re.compile(r"(\d) (s|ms|MB|GB|kB|B|dB|%|nodes|samples)\b")
+_COMPARED = re.compile(r"(>=|<=|<|>) ([-+]?\d)")  # a gate's comparison stays with its number
 
 
 def console_width() -> int | None:
@@ -40,6 +41,7 @@ def fit(line: str, width: int | None = WIDTH) -> list[str]:
         return [line]
     indent = " " * (len(line) - len(line.lstrip(" ")))
     glued = _UNIT.sub(lambda m: f"{m.group(1)}{GLUE}{m.group(2)}", line.strip(" "))
+    glued = _COMPARED.sub(lambda m: f"{m.group(1)}{GLUE}{m.group(2)}", glued)
     parts = textwrap.wrap(
         glued,
         width=width,
