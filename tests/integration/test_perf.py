@@ -48,7 +48,7 @@ def test_perf_times_components_pipeline_and_compiled_models(tiny_builds: Path) -
     root = tiny_builds / "sam3-tiny"
     done = cli("perf", root / "cpu-fp32", root / "npu-w8a16", *ITERATIONS, "--json")
     assert done.exit_code == 0, done.output
-    report = json.loads(done.output)
+    report = json.loads(done.stdout)  # stderr: the estimates
     cpu, npu = _rows(report, "cpu-fp32"), _rows(report, "npu-w8a16")
     enc, dec = "vision_encoder", "prompt_encoder_mask_decoder"
     assert set(cpu) == {(enc, "model.onnx"), (dec, "model.onnx"), ("pipeline", "model.onnx")}
