@@ -162,3 +162,52 @@ def test_a_failed_compile_page_leads_with_the_failure(tmp_path: Path) -> None:
     assert first["y"] < first["firstHeading"]  # it leads the page, above every section
     assert first["background"] == "rgb(253, 230, 231)"  # the failure's red, not the pass green
     assert "model/compile" in first["error"] and "refused" in first["error"]
+
+
+def test_the_plot_flags_where_the_target_departs_from_the_simulation(tmp_path, monkeypatch):
+    """Plain QDQ (no HTP rules) of a scatter graph: HTP gets ScatterElements wrong where the
+    CPU simulation is right (test_qnn). verify records the layers, and the report's plot
+    marks that layer in red and names it; headless Chromium draws the mark."""
+    from tests.integration.test_qnn import project, scatter_graph
+    from winml_recipes import api
+
+    if chromium_path() is None:
+        pytest.fail(f"headless Chromium is needed for this test: {INSTALL}")
+    monkeypatch.setenv("WINML_RECIPES_REPORT_LAYERS", "1")
+    model = scatter_graph(tmp_path / "scatter.onnx")
+    quantize = "{quantize: {ep_rules: false, op_types: [Add, Slice, Div, ScatterElements, Mul]}}"
+    lax = "{verify: {min_sqnr_db: -200, min_cosine: -1, task: {}}}"
+    recipe = project(tmp_path, model, "[0.0, 100.0]", f"[{quantize}, {lax}]")
+    result = api.build(recipe, device="npu", precision="w8a16", output_root=tmp_path / "out")
+    verify = next(s for s in result.manifest["components"]["model"]["steps"]
+                  if s["pass"] == "verify")  # fmt: skip
+    assert verify["metrics"]["layers"]["first_divergence"] == "sc"
+    page = result.output_dir / "report.html"
+    text = page.read_text(encoding="utf-8")
+    assert "where the target departs from the simulation; the first: sc (ScatterElements)" in text
+    browser = Chromium(tmp_path / "profile")
+    try:
+        browser.open_page()
+        browser.navigate(page.as_uri())
+        marks = json.loads(
+            browser.evaluate(
+                "JSON.stringify([...document.querySelectorAll('svg.layer-plot circle.departs')]"
+                ".map(c => { const r = c.getBoundingClientRect(); return {x: r.x + scrollX,"
+                " y: r.y + scrollY, width: r.width, height: r.height,"
+                " title: c.querySelector('title').textContent}; }))"
+            )
+        )
+        assert marks, "no layer is marked in the plot"
+        shot = browser.screenshot({k: marks[0][k] + (-4 if k in "xy" else 8) for k in
+                                   ("x", "y", "width", "height")})  # fmt: skip
+    finally:
+        browser.close()
+    assert "target departs from the simulation" in marks[0]["title"]
+    from io import BytesIO
+
+    from PIL import Image
+
+    with Image.open(BytesIO(shot)) as img:
+        pixels = np.asarray(img.convert("RGB")).reshape(-1, 3).astype(int)
+    red = np.all(np.abs(pixels - (0xD0, 0x02, 0x1B)) < 60, axis=1).sum()
+    assert red > 10, "the mark is not drawn"
