@@ -341,10 +341,12 @@ def perf(
     *,
     ep: str | None = None,
     device: str | None = None,
-    iterations: int = 50,
+    iterations: int | None = 50,
     warmup: int = 5,
     output_root: Path | str = "build",
     catalog_dir: Path | None = None,
+    budget_seconds: float = 60.0,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Time built targets: session creation (uncompiled and EPContext), latency P50/P90/P99,
     throughput and peak memory per component and for the whole pipeline.
@@ -353,7 +355,9 @@ def perf(
     built under `output_root`), compared in one report. The EP is `ep` (an EP plugin's
     key), else `device`'s, else each build target's. Each row runs in a fresh process; rows on
     an EP whose plugin says it is emulated here (an NPU's on an x86_64 host) are labelled as
-    emulation (`emulated`, `note`).
+    emulation (`emulated`, `note`). `iterations` None: each row's runs are sized by its
+    share of `budget_seconds` after one measured run (`say` hears the estimates);
+    percentiles from too few runs are None.
     """
     from winml_recipes.perf import perf as run_perf
 
@@ -365,6 +369,8 @@ def perf(
         warmup=warmup,
         output_root=output_root,
         catalog_dir=catalog_dir,
+        budget_seconds=budget_seconds,
+        say=say,
     )
 
 
@@ -377,6 +383,7 @@ def run(
     npz: Path | str | None = None,
     output_dir: Path | str | None = None,
     compiled: bool | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run a build folder on inputs a person has: its components in order (SAM: encoder,
     then decoder on the encoder's outputs) on the target's EP, and the float reference on
@@ -386,7 +393,8 @@ def run(
     `image`: a photo, preprocessed as the catalog's `image:` block says (default: a bundled
     held-out photo). `points` ("X,Y[,LABEL]" or tuples) and `boxes` ("X1,Y1,X2,Y2") are SAM
     prompts in the photo's pixels. `npz`: arrays named like inputs (they win). `compiled`:
-    the EPContext model (None: where compiled and the EP loads; False: model.onnx).
+    the EPContext model (None: where compiled and the EP loads; False: model.onnx). `say`
+    hears the run's estimated cost on the target before it starts (runcost.py).
     """
     from winml_recipes.prompts import Box, Point, parse_box, parse_point
     from winml_recipes.runbuild import run_build
@@ -399,13 +407,21 @@ def run(
         npz=npz,
         output_dir=output_dir,
         compiled=compiled,
+        say=say,
     )
 
 
-def report(build_dir: Path | str, *, layers: bool | None = None) -> Path:
-    """(Re)write BUILD_DIR/report.html: verdicts, metrics, the per-layer SQNR plot, the run
-    pictures, placement, step times, versions. `layers`: compute the per-layer comparison
-    (None: only for small quantized npu builds). Returns the report's path."""
+def report(
+    build_dir: Path | str,
+    *,
+    layers: bool | None = None,
+    say: Callable[[str], None] | None = None,
+) -> Path:
+    """(Re)write BUILD_DIR/report.html from the build folder (it runs nothing on the
+    target): verdicts, metrics, the per-layer SQNR plot verify recorded, the last `run`'s
+    picture, placement, step times, versions. `layers`: True computes the per-layer
+    comparison where verify recorded none (one run on the target; `say` hears it); False
+    leaves the plot out. Returns the report's path."""
     from winml_recipes.report import write_report
 
-    return write_report(Path(build_dir), layers=layers)
+    return write_report(Path(build_dir), layers=layers, say=say)

@@ -171,7 +171,9 @@ def where_verified(metrics: dict[str, Any]) -> str:
         if ep.get("available"):
             return f"cpu-simulation: {ep.get('reason')}"
         return f"cpu-simulation: {ep.get('provider')} is not available here ({ep.get('reason')})"
+    from winml_recipes.sdk.ep import ran_on_name
+
     versions = ", ".join(f"{k} {v}" for k, v in ep.get("versions", {}).items())
     nodes = metrics.get("placement", {}).get("nodes", {})
     placed = ", ".join(f"{k} {v} nodes" for k, v in nodes.items())
-    return f"{where} ({versions})" + (f": {placed}" if placed else "")
+    return f"{ran_on_name(metrics)} ({versions})" + (f": {placed}" if placed else "")

@@ -4,7 +4,7 @@ target's EP beside its float reference; writes the outputs, a JSON summary and a
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,10 +157,14 @@ def run_and_write(
     output_dir: Path | str | None = None,
     compiled: bool | None = None,
     picture: bool = True,
+    say: Callable[[str], None] | None = None,
 ) -> RunOutcome:
     """Run the build's pipeline on the target and the float one; write `outputs.npz`,
-    `summary.json` and (image tasks) a PNG into `output_dir` (default BUILD_DIR/run)."""
+    `summary.json` and (image tasks) a PNG into `output_dir` (default BUILD_DIR/run).
+    Before it starts, `say` hears what the run costs on the target (runcost.py); what the
+    emulated target cannot run in time here runs on the CPU simulation, said in the notes."""
     from winml_recipes.pictures import draw_run
+    from winml_recipes.runcost import run_cost
 
     build = open_build(build_dir, contracts=True)
     inputs, about = prepare_inputs(
@@ -170,7 +174,12 @@ def run_and_write(
         boxes,
         Path(npz) if npz else None,
     )
-    target = run_target(build, inputs, compiled)
+    cost = run_cost(build, compiled)  # said once the inputs are known good
+    if say is not None:
+        for line in cost.lines:
+            say(f"run: {line}")
+    target = run_target(build, inputs, compiled, simulate=cost.simulate)
+    about["notes"] += [f"{c}: ran on the CPU simulation (verify did too)" for c in cost.simulate]
     has_float = any(c.reference is not None for c in build.components)
     ref = run_float(build, inputs) if has_float else None
     out = Path(output_dir) if output_dir else build.folder / "run"

@@ -52,7 +52,7 @@ def test_compare_the_npu_decoder_with_no_data_options(npu_build: Path) -> None:
     listed = _rows(text)
     assert [rank for rank, _ in listed[:15]] == list(range(1, 16))
     assert [name for _, name in listed[:15]] == [
-        n if len(n) <= 34 else "~" + n[-33:] for n in report["ranking"][:15]
+        n if len(n) <= 21 else "~" + n[-20:] for n in report["ranking"][:15]
     ]
     assert f"top 15 of {len(rows)}; --all for every one" in text
     # the last line says where the target first departs from the simulation, or that it

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -206,7 +208,11 @@ class VerifyPass(Pass[VerifyConfig]):
 
         source = _data_source(config)
         # A result measured on the CPU simulation must not be served once the EP loads.
+        from winml_recipes.passes.verify_layers import LAYERS_ENV
+
+        layers = {} if os.environ.get(LAYERS_ENV) != "0" else {"layers": False}
         return {
+            **layers,  # whether the record holds the per-layer comparison (report.html)
             "task": ctx.task,  # chooses the task metric
             "data": upstream_data_digest(source, ctx.upstream, ctx.recipe_dir),
             "execution_provider": identity(provider_for(ctx.target).key),
@@ -294,10 +300,13 @@ class VerifyPass(Pass[VerifyConfig]):
             "require_ep": config.require_ep,
             "on_target": config.on_target,
         }
+        started = time.perf_counter()
         target = _run_or_bisect(src, feeds, options, ctx, out_dir)
+        target_seconds = round(time.perf_counter() - started, 2)
         advisory = _check_output_shapes(reference[0], target.outputs[0], ctx)
         metrics = compare_runs(reference, target.outputs)
         record: dict[str, Any] = {"samples": samples, **target.record}
+        record["target_seconds"] = target_seconds  # what `run` and `perf` estimate from
         if advisory:  # the file's declaration, not the model, was wrong: said, not failed
             record["output_shapes_declared"] = advisory  # printed by presenter.advisory_shapes_line
         source = _data_source(config)
@@ -333,7 +342,27 @@ class VerifyPass(Pass[VerifyConfig]):
                 + "; ".join(g.line() for g in failed),
                 metrics=record,  # kept in the failed build's manifest
             )
+        _record_layers(record, src, feeds, target, ctx)
         return StepResult(None, record)
+
+
+def _record_layers(
+    record: dict[str, Any], src: Path, feeds: list[dict[str, Any]], target: Any, ctx: StepContext
+) -> None:
+    """The per-layer comparison report.html plots (passes/verify_layers.py), into `record`."""
+    from winml_recipes.passes.verify_layers import layer_record, why_not
+    from winml_recipes.sdk.runtime import provider_for
+
+    assert ctx.reference is not None
+    why = why_not(src, ctx.reference, ctx.target.device, ctx.target.precision, target.verified_on)
+    if why is not None or not feeds:
+        return
+    ctx.progress("per-layer comparison", 0, 1)
+    record["layers"] = layer_record(
+        src, ctx.reference, feeds[0], target.outputs[0], ctx.target.device,
+        provider_for(ctx.target).key,
+    )  # fmt: skip
+    ctx.progress("per-layer comparison", 1, 1)
 
 
 def _run_or_bisect(
