@@ -53,9 +53,11 @@ class QuantizePass(Pass[QuantizeOptions]):
         if cal is not None and cal.inputs_from:
             check_component(cal.inputs_from, ctx, "quantize.calibration.inputs_from")
         if cal is not None and cal.npz:
-            from winml_recipes.sdk.samples import check_npz, npz_files
+            from winml_recipes.sdk.samples import check_npz, check_npz_values, npz_files
 
-            check_npz(npz_files(cal.npz, ctx.recipe_dir), ctx.contract)
+            files = npz_files(cal.npz, ctx.recipe_dir)
+            check_npz(files, ctx.contract)
+            check_npz_values(files, ctx.contract)  # an Inf would leave the model float
         if cal is not None and cal.images:
             from winml_recipes.sdk.samples import image_files
 
@@ -192,6 +194,7 @@ def _dynamic(src: Path, out: Path, cfg: QuantConfig, exclude: list[str]) -> Step
     quantize_dynamic_integer(src, out, cfg, exclude)
     seconds = time.perf_counter() - started
     report = quantization_report(load_model(src), load_model(out))
+    _require_quantized(report, [], cfg)
     return StepResult(out, _base_metrics(cfg) | report | {"qdq_insertion_time_seconds": seconds})
 
 
@@ -333,7 +336,45 @@ def _static(
             )
         }
     report = quantization_report(load_model(float_src), load_model(out))
+    _require_quantized(report, done.nonfinite, cfg, metrics)
     return StepResult(out, _base_metrics(cfg) | report | metrics)
+
+
+# A quantized target whose MatMul/Conv nodes are mostly left float because of non-finite
+# activations is a float model under a quantized label.
+MIN_QUANTIZED_FRACTION = 0.5
+
+
+def _require_quantized(
+    report: dict[str, Any],
+    nonfinite: list[str],
+    cfg: QuantConfig,
+    metrics: dict[str, Any] | None = None,
+) -> None:
+    """Fail, with the reason, where quantization left the model float: no quantized node,
+    or activations without a finite range (NaN/Inf) keeping most MatMul/Conv nodes float."""
+    from winml_recipes.sdk.errors import QualityGateError
+
+    total = report.get("matmul_conv_total", 0)
+    fraction = report.get("matmul_conv_quantized_fraction", 0.0)
+    why = (
+        f"{len(nonfinite)} activations have no finite range on the calibration data "
+        f"(e.g. {', '.join(nonfinite[:3])}), so their nodes stay float; look for NaN/Inf "
+        "in the calibration samples or the model"
+        if nonfinite
+        else "check quantize.exclude, the mixed-precision regions and op_types"
+    )
+    if report.get("nodes_quantized", 0) == 0:
+        raise QualityGateError(
+            f"no node was quantized (nodes_quantized: 0), so the model would ship float under a "
+            f"{cfg.weight_type}/{cfg.activation_type} label; {why}",
+            metrics={**report, **(metrics or {})},
+        )
+    if nonfinite and total and fraction < MIN_QUANTIZED_FRACTION:
+        raise QualityGateError(
+            f"only {report['matmul_conv_quantized']} of {total} MatMul/Conv nodes were "
+            f"quantized (fewer than {MIN_QUANTIZED_FRACTION:.0%}); {why}"
+        )
 
 
 @dataclass

@@ -188,9 +188,11 @@ class VerifyPass(Pass[VerifyConfig]):
         if len(chosen) > 1:
             raise PlanError(f"verify: {' and '.join(chosen)} are two data sources; keep one")
         if config.npz:
-            from winml_recipes.sdk.samples import check_npz, npz_files
+            from winml_recipes.sdk.samples import check_npz, check_npz_values, npz_files
 
-            check_npz(npz_files(config.npz, ctx.recipe_dir), ctx.contract)
+            files = npz_files(config.npz, ctx.recipe_dir, "verify.npz")
+            check_npz(files, ctx.contract, "verify.npz")
+            check_npz_values(files, ctx.contract, "verify.npz")  # NaN/Inf named, not scored
         if config.images:
             from winml_recipes.sdk.samples import image_files
 
