@@ -263,9 +263,7 @@ def check_data_against_model(entry: dict, data: Mapping[str, str]) -> None:
     from winml_recipes.sdk.contract import IOContract
 
     comp = entry["components"]["model"]
-    specs = tuple(
-        TensorSpec(n, t["dtype"], tuple(t["shape"])) for n, t in comp["inputs"].items()
-    )
+    specs = tuple(TensorSpec(n, t["dtype"], tuple(t["shape"])) for n, t in comp["inputs"].items())
     contract = IOContract(specs, (), dict(comp["dims"]))
     for flag, value in data.items():
         option = _data_option(value)

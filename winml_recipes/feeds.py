@@ -165,15 +165,16 @@ def check_npz(
                     f"{what}: {path.name}: input '{spec.name}' is {dtype}, expected {expected}"
                 )
             fits = _exact if exact_dims else _matches
+            loose = _matches(shape, want, spec) and not _too_big(shape, want)
+            if loose and _batch_ambiguous(shape, want, spec):
+                raise PlanError(
+                    f"{what}: {path.name}: input '{spec.name}' has shape "
+                    f"{list(shape)} where the catalog says {expected}"
+                    f": one sample of {spec.shape[0]} {shape[0]}, or {shape[0]} samples? "
+                    f"Stack samples on a new leading axis ({[shape[0], 1, *shape[1:]]}), "
+                    f"or set dims {spec.shape[0]}: {shape[0]} to calibrate with that batch"
+                )
             if fits(shape, want, spec) and not _too_big(shape, want):
-                if _batch_ambiguous(shape, want, spec):
-                    raise PlanError(
-                        f"{what}: {path.name}: input '{spec.name}' has shape "
-                        f"{list(shape)} where the catalog says {expected}"
-                        f": one sample of {spec.shape[0]} {shape[0]}, or {shape[0]} samples? "
-                        f"Stack samples on a new leading axis ({[shape[0], 1, *shape[1:]]}), "
-                        f"or set dims {spec.shape[0]}: {shape[0]} to calibrate with that batch"
-                    )
                 count = 1
             elif (
                 len(shape) == len(want) + 1

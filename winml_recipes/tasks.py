@@ -76,7 +76,9 @@ def _ctc_recognizer(
     channels, height, width = shape[1:]
     if channels not in (1, 3) or not (isinstance(height, int) and isinstance(width, int)):
         return None
-    if not (height <= MAX_LINE_HEIGHT and width >= 2 * height and _at_least(out[2], MIN_CTC_CLASSES)):
+    if not (
+        height <= MAX_LINE_HEIGHT and width >= 2 * height and _at_least(out[2], MIN_CTC_CLASSES)
+    ):
         return None
     return (
         f"a text line in ({name} {height}x{width}), {out[2]} class scores per step out "
