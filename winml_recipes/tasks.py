@@ -28,6 +28,9 @@ def guess_task(
     line = _ctc_recognizer(inputs, shapes, dims or {})
     if line is not None:
         return "text-recognition", line
+    heads = _detector(inputs, shapes)
+    if heads is not None:
+        return "object-detection", heads
     if len(images) == 1 and not token_ids:
         side = inputs[images[0]]["image"]["size"]
         flat = [n for n, s in shapes.items() if len(s) == 2 and _at_least(s[1], 2)]
@@ -84,6 +87,27 @@ def _ctc_recognizer(
         f"a text line in ({name} {height}x{width}), {out[2]} class scores per step out "
         f"({out_name} [batch, time, classes]): a CTC recognizer"
     )
+
+
+def _detector(inputs: Mapping[str, Any], shapes: Mapping[str, list]) -> str | None:
+    """Why the graph is a detector, else None: one float [N, 3, H, W] input and the
+    outputs of a detection head box-f1 decodes: a 2-class score map beside a 4-channel box
+    map at the same size (MTCNN's P-Net), or one [..., 4] box output among score outputs."""
+    if len(inputs) != 1:
+        return None
+    name, spec = next(iter(inputs.items()))
+    shape = spec.get("shape", [])
+    if not str(spec.get("dtype", "")).startswith("float") or len(shape) != 4 or shape[1] != 3:
+        return None
+    maps = {n: s for n, s in shapes.items() if len(s) == 4 and s[1] in (2, 4)}
+    if len(shapes) == 2 and len(maps) == 2:
+        (a, sa), (b, sb) = maps.items()
+        if {sa[1], sb[1]} == {2, 4} and list(sa[2:]) == list(sb[2:]):
+            return f"image input {name}, a score map and a box map out ({a}, {b}): a detector"
+    boxes = [n for n, s in shapes.items() if len(s) >= 2 and s[-1] == 4]
+    if len(shapes) >= 2 and len(boxes) == 1:
+        return f"image input {name}, boxes [..., 4] out ({boxes[0]}) beside scores: a detector"
+    return None
 
 
 def known_tasks() -> list[str]:

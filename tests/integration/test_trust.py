@@ -63,6 +63,35 @@ def test_a_ctc_line_recognizer_is_recognised_from_its_graph(tmp_path: Path) -> N
     assert square["task"] == "unknown"
 
 
+def test_a_detector_head_is_recognised_from_its_graph(tmp_path: Path) -> None:
+    """MTCNN P-Net's layout: a 2-class score map beside a 4-channel box map."""
+    from winml_recipes.authoring import onnx_entry, task_line
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "wp"], ["logits"], name="score"),
+            helper.make_node("Softmax", ["logits"], ["prob"], axis=1, name="softmax"),
+            helper.make_node("Conv", ["x", "wb"], ["reg"], name="box"),
+        ],
+        "pnet",
+        [helper.make_tensor_value_info("x", F, [1, 3, 24, 24])],
+        [
+            helper.make_tensor_value_info("prob", F, [1, 2, 22, 22]),
+            helper.make_tensor_value_info("reg", F, [1, 4, 22, 22]),
+        ],
+        [
+            numpy_helper.from_array(rng.standard_normal((2, 3, 3, 3)).astype(np.float32), "wp"),
+            numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "wb"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    onnx.save(model, str(tmp_path / "pnet.onnx"))
+    entry, _ = onnx_entry(tmp_path / "pnet.onnx", "pnet", {})
+    assert entry["task"] == "object-detection"
+    assert "box-f1" in task_line(entry)
+
+
 @pytest.mark.parametrize(
     ("given", "named"),
     [("", "'' (empty)"), ("bogus-task", "'bogus-task'"), ("text-recogniton", "text-recognition")],
@@ -264,3 +293,34 @@ def test_run_npz_takes_the_eval_data_layout(tmp_path: Path) -> None:
 
     want = open_session(model).run({"x": x[0]})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- the OCR case
+
+
+@pytest.mark.slow
+@pytest.mark.export
+def test_the_ocr_recognizer_is_not_green_with_lines_unlike_float(tmp_path: Path) -> None:
+    """PP-OCRv4's recognizer from rapidocr's wheel, built as a user builds it with its own
+    16 + 8 rendered lines and NO --task (about 10 minutes on the HTP emulator under load).
+    Before: `task: unknown`, a decision IoU pass at 9-11 dB, "every gate passed", exit 0,
+    while 3 to 5 of the 8 held-out lines decoded differently from float. Now the task is
+    recognised from the graph and the build passes only with every line read as float
+    reads it (measured: line_agreement 0.375, exit 3)."""
+    from tests.corpus import models
+
+    p = models.prepare("ppocr-rec")
+    done = cli("build", "--onnx", p.model, "--device", "npu", "--precision", "w8a16",
+               "--calibration-data", p.calib, "--eval-data", p.heldout,
+               "-o", tmp_path / "o", "--json")  # fmt: skip
+    folder = next((tmp_path / "o").glob("*/npu-w8a16*"))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    verify = next(s for s in manifest["components"]["model"]["steps"] if s["pass"] == "verify")
+    task = verify["metrics"]["task_metric"]
+    assert task["task"] == "text-recognition", task
+    lines = task["values"]["line_agreement"]
+    if done.exit_code == 0:  # green only where every held-out line reads as float's
+        assert lines == 1.0, task
+    else:
+        assert done.exit_code == 3, done.stderr
+        assert lines < 1.0 and "line_agreement" in done.stderr
