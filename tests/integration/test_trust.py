@@ -133,6 +133,39 @@ def test_the_line_gate_fails_a_recognizer_that_misreads_lines() -> None:
     assert [g.metric for g in gates if not g.passed] == ["line_agreement"]
 
 
+def test_a_softmax_passing_on_decisions_alone_is_not_green() -> None:
+    """An unknown task's softmax [1, steps, classes]: the elements above 0.5 agree (decision
+    IoU 1.0) while 3 of 8 samples pick another class at one step; the whole-sample argmax
+    gate fails it (before: the decision IoU alone passed it)."""
+    from winml_recipes.onnx.metrics import argmax_agreement, compare_runs
+    from winml_recipes.sdk.gates import gates_for
+
+    rng = np.random.default_rng(0)
+    reference, candidate = [], []
+    for i in range(8):
+        p = np.full((1, 10, 5), 0.025, np.float32)
+        top = rng.integers(0, 5, 10)
+        p[0, np.arange(10), top] = 0.9
+        p[0, 3] = [0.45, 0.44, 0.05, 0.03, 0.03]  # an uncertain step, no element above 0.5
+        q = p.copy()
+        if i < 3:
+            q[0, 3, :2] = [0.44, 0.45]  # the target picks the other class there
+        reference.append({"probs": p})
+        candidate.append({"probs": q})
+    metrics = compare_runs(reference, candidate)
+    agreement = argmax_agreement(reference, candidate)
+    assert agreement == {"probs": 5 / 8}
+    metrics["probs"]["argmax_agreement"] = agreement["probs"]
+    assert metrics["probs"]["decision_iou"] == 1.0
+    gates = gates_for("probs", metrics["probs"], {}, probability_decision_iou=0.8)
+    assert [(g.metric, g.passed) for g in gates] == [
+        ("decision_iou", True),
+        ("argmax_agreement", False),
+    ]
+    sigmoid = [{"m": np.full((1, 1, 4, 4), 0.7, np.float32)}]  # not a distribution: left out
+    assert argmax_agreement(sigmoid, sigmoid) == {}
+
+
 # --------------------------------------------------------------------------- 3. quantized
 
 

@@ -240,7 +240,7 @@ class VerifyPass(Pass[VerifyConfig]):
     def run(
         self, src: Path | None, out_dir: Path, config: VerifyConfig, ctx: StepContext
     ) -> StepResult:
-        from winml_recipes.sdk.runtime import compare_runs, run_model
+        from winml_recipes.sdk.runtime import argmax_agreement, compare_runs, run_model
         from winml_recipes.sdk.samples import (
             UpstreamFeeds,
             bundled_image_input,
@@ -299,6 +299,8 @@ class VerifyPass(Pass[VerifyConfig]):
         target = _run_or_bisect(src, feeds, options, ctx, out_dir)
         advisory = _check_output_shapes(reference[0], target.outputs[0], ctx)
         metrics = compare_runs(reference, target.outputs)
+        for name, agreement in argmax_agreement(reference, target.outputs).items():
+            metrics[name]["argmax_agreement"] = agreement
         record: dict[str, Any] = {"samples": samples, **target.record}
         if advisory:  # the file's declaration, not the model, was wrong: said, not failed
             record["output_shapes_declared"] = advisory  # printed by presenter.advisory_shapes_line
