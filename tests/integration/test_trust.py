@@ -287,11 +287,19 @@ def test_output_root_that_is_a_file_fails_up_front(tmp_path: Path) -> None:
     assert under.exit_code == 2 and "is a file, so no folder" in _one_line(under.stderr)
 
 
-def test_output_root_on_a_full_disk_fails_up_front(tmp_path: Path) -> None:
-    """A 1 MB filesystem (a tmpfs mount: needs root; skipped where mounting is not allowed)."""
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [("size=1m", "MB free on its disk"), ("size=1m,ro", "cannot write in")],
+    ids=["full", "read-only"],
+)
+def test_output_root_on_a_full_or_read_only_disk_fails_up_front(
+    tmp_path: Path, options: str, said: str
+) -> None:
+    """A 1 MB (or read-only) filesystem: a tmpfs mount, which needs root (skipped where
+    mounting is not allowed; root writes through a chmod, so a mount it is)."""
     small = tmp_path / "small"
     small.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)],
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(small)],
                              capture_output=True)  # fmt: skip
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small filesystem here: {mounted.stderr.decode()[:80]}")
@@ -300,7 +308,7 @@ def test_output_root_on_a_full_disk_fails_up_front(tmp_path: Path) -> None:
         done = cli("build", "--onnx", model, "--device", "cpu", "--precision", "int8",
                    "-o", small / "o")  # fmt: skip
         assert done.exit_code == 2
-        assert "MB free on its disk" in _one_line(done.stderr)
+        assert said in _one_line(done.stderr)
         assert os.listdir(small) == []
     finally:
         subprocess.run(["umount", str(small)], check=True)
