@@ -317,8 +317,8 @@ def compare(
         reference = local_model_file(str(reference))
     contract, inputs_from = compare_contract(candidate, reference, built, ranges, values)
     if npz:
-        files = npz_files(npz, Path.cwd())
-        check_npz(files, contract)
+        files = npz_files(npz, Path.cwd(), "--npz")
+        check_npz(files, contract, "--npz")
         factory = from_npz(files, contract, samples)
         inputs_from = f"npz: {npz}"
     else:
