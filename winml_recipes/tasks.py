@@ -90,9 +90,9 @@ def _ctc_recognizer(
 
 
 def _detector(inputs: Mapping[str, Any], shapes: Mapping[str, list]) -> str | None:
-    """Why the graph is a detector, else None: one float [N, 3, H, W] input and the
-    outputs of a detection head box-f1 decodes: a 2-class score map beside a 4-channel box
-    map at the same size (MTCNN's P-Net), or one [..., 4] box output among score outputs."""
+    """Why the graph is a detector, else None: one float [N, 3, H, W] input and the two
+    outputs of a dense detection head box-f1 decodes: a 2-class score map beside a
+    4-channel box map at the same size (MTCNN's P-Net)."""
     if len(inputs) != 1:
         return None
     name, spec = next(iter(inputs.items()))
@@ -104,9 +104,8 @@ def _detector(inputs: Mapping[str, Any], shapes: Mapping[str, list]) -> str | No
         (a, sa), (b, sb) = maps.items()
         if {sa[1], sb[1]} == {2, 4} and list(sa[2:]) == list(sb[2:]):
             return f"image input {name}, a score map and a box map out ({a}, {b}): a detector"
-    boxes = [n for n, s in shapes.items() if len(s) >= 2 and s[-1] == 4]
-    if len(shapes) >= 2 and len(boxes) == 1:
-        return f"image input {name}, boxes [..., 4] out ({boxes[0]}) beside scores: a detector"
+    # (a lone [..., 4] output is not enough: MTCNN's O-Net gives box offsets beside a
+    # face classifier's scores)
     return None
 
 
