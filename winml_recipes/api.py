@@ -68,9 +68,12 @@ def build(
     `memory_budget` ("12GB", or MB): steps estimated above it stop the build before they
     start (default: $WINML_RECIPES_MEMORY_BUDGET, else physical memory minus headroom).
     """
+    from winml_recipes.outputroot import check_output_root
+
     cache = StepCache(cache_dir, enabled=use_cache)
     if use_cache:
         check_output_apart(Path(output_root), cache.root)
+    check_output_root(output_root)
     the_plan = plan(recipe, **kwargs)
     return run_plan(
         the_plan,
@@ -127,9 +130,12 @@ def matrix(
     from winml_recipes.exec.task import TargetTask
 
     # The driver's store and catalog, whatever the workers' environment says.
+    from winml_recipes.outputroot import check_output_root
+
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     if use_cache:
         check_output_apart(Path(output_root), cache_dir)
+    check_output_root(output_root)
     chosen = make_executor(executor, jobs=jobs, address=address)
     catalog_dir = catalog_dir or os.environ.get(CATALOG_ENV) or None
     if progress == "rich" and chosen.name != "local":
@@ -196,14 +202,20 @@ def build_onnx(
         synthetic_calibration_note,
         write_adhoc_project,
     )
+    from winml_recipes.outputroot import check_output_root
     from winml_recipes.presets import default_precision, resolve_target
     from winml_recipes.sdk.errors import QualityGateError, SourceError, WinmlError
+    from winml_recipes.tasks import check_task
 
     model = Path(model)
     if not model.is_file():
         raise SourceError("file not found; check the path", where=str(model))
     precision = precision or default_precision(device)
     resolve_target(device, precision)
+    if task is not None:
+        check_task(task)
+    # before any step: the output folder, with room for a few copies of the model
+    check_output_root(kwargs.get("output_root", "build"), 4 * model.stat().st_size)
     note = None
     with tempfile.TemporaryDirectory(prefix="winml-adhoc-") as tmp:
         try:
@@ -228,9 +240,21 @@ def build_onnx(
         except WinmlError as exc:
             if isinstance(exc, QualityGateError) and note:
                 exc.message += SYNTHETIC_GATE_HINT
+            exc.message = _data_flags(exc.message, calibration_data, eval_data)
             # The generated recipe and catalog are deleted with the folder: name the model.
             exc.where = re.sub(re.escape(tmp) + r"[^:\s]*(:\d+)?", str(model), exc.where)
             raise
+
+
+def _data_flags(message: str, calibration_data: str | None, eval_data: str | None) -> str:
+    """A data error of the generated recipe, named by the flag the user gave instead."""
+    for prefix, flag, given in (
+        ("calibration.npz:", "--calibration-data:", calibration_data),
+        ("verify.npz:", "--eval-data:", eval_data),
+    ):
+        if given is not None and message.startswith(prefix):
+            return flag + message[len(prefix) :]
+    return message
 
 
 def compare(
@@ -293,8 +317,8 @@ def compare(
         reference = local_model_file(str(reference))
     contract, inputs_from = compare_contract(candidate, reference, built, ranges, values)
     if npz:
-        files = npz_files(npz, Path.cwd())
-        check_npz(files, contract)
+        files = npz_files(npz, Path.cwd(), "--npz")
+        check_npz(files, contract, "--npz")
         factory = from_npz(files, contract, samples)
         inputs_from = f"npz: {npz}"
     else:

@@ -144,8 +144,9 @@ def output_line(output: str, metrics: dict[str, Any], gates: list[Gate]) -> str:
         "cosine": f"cosine {metrics['cosine']:.5f}",
         "max_abs": f"max_abs {metrics['max_abs']:.3g}",
     }
-    if "decision_iou" in held:
-        shown["decision_iou"] = ""
+    for metric in ("decision_iou", "argmax_agreement"):  # shown where they gate
+        if metric in held:
+            shown[metric] = ""
     parts = [held[m].line(with_output=False) if m in held else text for m, text in shown.items()]
     return f"{output}{f' ({kind})' if kind else ''}: " + ", ".join(parts)
 

@@ -190,9 +190,11 @@ class VerifyPass(Pass[VerifyConfig]):
         if len(chosen) > 1:
             raise PlanError(f"verify: {' and '.join(chosen)} are two data sources; keep one")
         if config.npz:
-            from winml_recipes.sdk.samples import check_npz, npz_files
+            from winml_recipes.sdk.samples import check_npz, check_npz_values, npz_files
 
-            check_npz(npz_files(config.npz, ctx.recipe_dir), ctx.contract)
+            files = npz_files(config.npz, ctx.recipe_dir, "verify.npz")
+            check_npz(files, ctx.contract, "verify.npz")
+            check_npz_values(files, ctx.contract, "verify.npz")  # NaN/Inf named, not scored
         if config.images:
             from winml_recipes.sdk.samples import image_files
 
@@ -244,7 +246,7 @@ class VerifyPass(Pass[VerifyConfig]):
     def run(
         self, src: Path | None, out_dir: Path, config: VerifyConfig, ctx: StepContext
     ) -> StepResult:
-        from winml_recipes.sdk.runtime import compare_runs, run_model
+        from winml_recipes.sdk.runtime import argmax_agreement, compare_runs, run_model
         from winml_recipes.sdk.samples import (
             UpstreamFeeds,
             bundled_image_input,
@@ -305,6 +307,8 @@ class VerifyPass(Pass[VerifyConfig]):
         target_seconds = round(time.perf_counter() - started, 2)
         advisory = _check_output_shapes(reference[0], target.outputs[0], ctx)
         metrics = compare_runs(reference, target.outputs)
+        for name, agreement in argmax_agreement(reference, target.outputs).items():
+            metrics[name]["argmax_agreement"] = agreement
         record: dict[str, Any] = {"samples": samples, **target.record}
         record["target_seconds"] = target_seconds  # what `run` and `perf` estimate from
         if advisory:  # the file's declaration, not the model, was wrong: said, not failed
