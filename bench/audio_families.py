@@ -40,7 +40,7 @@ def _metric(manifest: Path) -> tuple[str, str]:
     on = (metrics.get("task_metric") or {}).get("values", {})
     sim = (metrics.get("cpu_simulation") or {}).get("task_metric", {})
     keys = [k for k in on if k in ("top1_agreement", "sequence_agreement", "character_agreement",
-                                   "cosine_mean", "cosine_min")]  # fmt: skip
+                                   "cosine_mean", "cosine_worst")]  # fmt: skip
 
     def show(v: dict) -> str:
         return ", ".join(f"{k} {v[k]:.3f}" for k in keys if k in v) or "-"
