@@ -35,7 +35,8 @@ def _metric(manifest: Path) -> tuple[str, str]:
     if not manifest.is_file():
         return "-", "-"
     data = json.loads(manifest.read_text())
-    verify = next(s for s in data["components"]["model"]["steps"] if s["pass"] == "verify")
+    steps = data["components"]["model"]["steps"]
+    verify = next((s for s in steps if s["pass"] == "verify"), {})
     metrics = verify.get("metrics") or {}
     on = (metrics.get("task_metric") or {}).get("values", {})
     sim = (metrics.get("cpu_simulation") or {}).get("task_metric", {})

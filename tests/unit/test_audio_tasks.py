@@ -169,3 +169,27 @@ def test_bundled_speech_feeds_an_audio_input(models: Path, tmp_path: Path) -> No
         assert not np.allclose(x, next(iter(feeds[1].values())))
         if arch == "wav2vec2-ctc":  # do_normalize: zero mean, unit variance over the clip
             assert abs(float(x.mean())) < 1e-3 and abs(float(x.std()) - 1) < 1e-2
+
+
+def test_the_manifest_contract_keeps_audio_and_the_blank(models: Path, tmp_path: Path) -> None:
+    """`compare` and `run` feed a build from its manifest: the audio block (the bundled
+    speech through the feature extractor) and the CTC blank survive the record."""
+    from winml_recipes.buildfolder import contract_from_record
+    from winml_recipes.engine.identity import contract_key
+    from winml_recipes.engine.run import contract_record
+
+    catalog, _ = init_project(
+        str(saved("wav2vec2-ctc", models)),
+        name="ctc",
+        catalog_dir=tmp_path / "catalog",
+        recipes_dir=tmp_path / "recipes",
+    )
+    contract = load_file(catalog).components["model"].contract
+    record = contract_record(contract)
+    back = contract_from_record({"inputs": record.inputs, "outputs": record.outputs,
+                                 "dims": record.dims})  # fmt: skip
+    assert back.inputs[0].audio == contract.inputs[0].audio is not None
+    assert back.outputs[0].ctc_blank == 0
+    # a spec without them keys as before they existed
+    plain = IOContract(inputs=(TensorSpec("x", "float32", (1, 3)),))
+    assert "audio" not in contract_key(plain)["inputs"][0]
