@@ -289,6 +289,7 @@ def compare(
 
     from winml_recipes.buildfolder import find_component, float_reference, verify_upstream
     from winml_recipes.feeds import (
+        bundled_audio_input,
         bundled_image_input,
         check_npz,
         feeds_for,
@@ -332,6 +333,8 @@ def compare(
             factory = feeds_for(None, contract, Path.cwd(), {}, samples, seed, held_out=True)
             if bundled_image_input(contract) is not None:
                 inputs_from += ", bundled photos (held-out set) for the image input"
+            elif bundled_audio_input(contract) is not None:
+                inputs_from += ", bundled speech (held-out set) for the audio input"
     feeds = take(factory, samples)
     if ep is None and built is not None:
         ep = built.manifest.get("target", {}).get("ep") or None

@@ -570,6 +570,7 @@ def _init_export_project(
         path, commit = download_file(model_ref.repo_id, "config.json", model_ref.revision)
         check_config_file(path)
         config_dir, source = path.parent, {"ref": model_ref.repo_id, "revision": commit}
+        configs = {}
         preprocessor = _hub_preprocessor(model_ref)
     config_path = config_dir / "config.json"
     config = _auto_config(config_dir)
@@ -581,7 +582,12 @@ def _init_export_project(
         else:
             family, task = "auto", auto.task_of(config)
             components = auto.catalog_components(
-                config, task, preprocessor, config_path=config_path, source=preprocessor_path
+                config,
+                task,
+                preprocessor,
+                config_path=config_path,
+                source=preprocessor_path,
+                vocab=_ctc_vocab(model_ref, configs),
             )
     except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
         raise RecipeError(
@@ -600,6 +606,19 @@ def _init_export_project(
     }
     dims = {k: v for spec in components.values() for k, v in spec["dims"].items()}
     return _write_init(entry, dims, ref, catalog_dir, recipes_dir, made_from=config_path)
+
+
+def _ctc_vocab(model_ref: Any, configs: dict[str, Any]) -> dict[str, Any] | None:
+    """A local folder's tokenizer pad token and vocab.json (a CTC head's blank is checked
+    against them), None when it has none."""
+    from winml_recipes.untrusted import read_json_bounded
+
+    folder = getattr(model_ref, "path", None)
+    if folder is None or not (Path(folder) / "vocab.json").is_file():
+        return None
+    vocab = read_json_bounded(Path(folder) / "vocab.json")
+    pad = (configs.get("tokenizer_config.json") or {}).get("pad_token", "<pad>")
+    return {"pad_token": pad, "vocab": vocab if isinstance(vocab, dict) else {}}
 
 
 def _auto_config(config_dir: Path) -> Any:

@@ -29,6 +29,7 @@ from winml_recipes.prompts import PROMPT_PLAN
 from winml_recipes.sdk.contract import IOContract, TensorSpec, resolve_shape
 from winml_recipes.sdk.errors import PassError, PlanError
 from winml_recipes.sdk.types import DataRead, UpstreamComponent
+from winml_recipes.speech import bundled_audio_input
 from winml_recipes.untrusted import printable
 
 Feed = dict[str, np.ndarray]
@@ -580,7 +581,25 @@ def feeds_for(
 
         split = "heldout" if held_out else "calibration"
         return from_images(list(bundled_images(split)), contract, samples, seed, skip)
+    if bundled_audio_input(contract) is not None:
+        return _bundled_speech(contract, samples, seed, skip, held_out)
     return synthetic(contract, samples, seed)
+
+
+def _bundled_speech(
+    contract: IOContract, samples: int, seed: int, skip: int, held_out: bool
+) -> FeedFactory:
+    """The bundled spoken sentences (held-out or calibration clips) through the audio input's
+    feature extractor; the other inputs seeded."""
+    from winml_recipes.speech import bundled_speech, from_speech
+
+    audio = bundled_audio_input(contract)
+    files = list(bundled_speech("heldout" if held_out else "calibration"))
+    others = IOContract(
+        tuple(s for s in contract.inputs if s is not audio), contract.outputs, contract.dims
+    )
+    rest = synthetic(others, samples, seed)
+    return lambda: from_speech(files, contract, rest, samples, skip)
 
 
 def bundled_image_input(contract: IOContract) -> TensorSpec | None:
@@ -601,6 +620,8 @@ def describe_source(options: Mapping[str, Any] | None, contract: IOContract, hel
         return f"inputs_from: {opts['inputs_from']}{prompts}"
     if bundled_image_input(contract) is not None:
         return f"bundled photos ({'heldout' if held_out else 'calibration'} set)"
+    if bundled_audio_input(contract) is not None:
+        return f"bundled speech ({'heldout' if held_out else 'calibration'} set)"
     if prompt_frame(contract) is not None:
         return f"synthetic (catalog I/O contract; {PROMPT_PLAN})"
     return "synthetic (catalog I/O contract)"
@@ -632,6 +653,9 @@ def upstream_data_digest(
     opts = dict(options or {})
     # the bundled photographs feed image inputs that have no data of their own
     out: dict[str, Any] = {"own": data_digest(opts, base), "bundled": bundle_digest()}
+    from winml_recipes.speech import bundle_digest as speech_digest
+
+    out["bundled_speech"] = speech_digest()  # and the bundled speech feeds audio inputs
     source = opts.get("inputs_from")
     if source and source in upstream:
         out[source] = data_digest(upstream[source].calibration, base)

@@ -632,11 +632,17 @@ def contract_record(contract: IOContract) -> ContractRecord:
         if s.image is not None:
             out["image"] = {"size": list(s.image.size), "mean": list(s.image.mean),
                             "std": list(s.image.std), "layout": s.image.layout}  # fmt: skip
+        if s.audio is not None:
+            out["audio"] = {"feature_extractor": s.audio.feature_extractor,
+                            "sampling_rate": s.audio.sampling_rate,
+                            "options": dict(s.audio.options)}  # fmt: skip
+        if s.ctc_blank is not None:
+            out["ctc_blank"] = s.ctc_blank
         return out
 
     return ContractRecord(
         inputs={s.name: spec(s) for s in contract.inputs},
-        outputs={s.name: {"dtype": s.dtype, "shape": list(s.shape)} for s in contract.outputs},
+        outputs={s.name: spec(s) for s in contract.outputs},
         dims={k: int(v) for k, v in sorted(contract.dims.items())},
     )
 

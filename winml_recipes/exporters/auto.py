@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from winml_recipes.exporters import ExporterFamily
+from winml_recipes.exporters import ExporterFamily, speech_heads
 from winml_recipes.modelfolder import TRUST_REMOTE_CODE
 from winml_recipes.sdk.errors import SourceError
 from winml_recipes.untrusted import printable
@@ -61,6 +61,8 @@ TASKS: dict[str, Task] = {
     ),
     # the encoder of an encoder-decoder audio model (task_of picks it for audio configs)
     "audio-feature-extraction": Task("AutoModel", ("last_hidden_state",), "audio"),
+    # CTC speech recognizers taking a waveform (speech_heads.py picks it by the model class)
+    "automatic-speech-recognition": Task("AutoModelForCTC", ("logits",), "audio"),
 }
 
 TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -156,6 +158,8 @@ def export(req: ExportRequest) -> ExportOutput:
         }
         args = tuple(examples[n] for n in names)
         dims: dict[int, str] = {0: "batch", 1: "sequence"}
+    elif task.modality == "audio" and speech_heads.takes_input_values(model.config):
+        names, args, dims = speech_heads.example_inputs(model.config, b, gen)
     elif task.modality == "audio":
         mels, frames = audio_shape(model.config, where=_where(req))
         names = ("input_features",)
@@ -251,6 +255,8 @@ def task_of(config: Any) -> str:
     Without `architectures`: image features for image configs, else text features.
     """
     archs = list(getattr(config, "architectures", None) or [])
+    if speech_heads.takes_input_values(config):
+        return speech_heads.task_of(config)
     if is_audio(config):
         return _audio_task_of(archs)
     for arch in archs:
@@ -377,6 +383,7 @@ def catalog_components(
     *,
     config_path: Path | str = "config.json",
     source: Path | str = "preprocessor_config.json",
+    vocab: Mapping[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The `model` component's I/O contract for a config (and the image preprocessing or
     audio features of its `preprocessor_config.json`, when given), without weights. Numbers
@@ -386,6 +393,8 @@ def catalog_components(
     def field(name: str, default: Any, maximum: int = MAX_COUNT) -> int:
         return _whole(getattr(config, name, default), name, where, maximum)
 
+    if TASKS[task].modality == "audio" and speech_heads.takes_input_values(config):
+        return {"model": speech_heads.component(config, task, preprocessor, where, _whole, vocab)}
     if TASKS[task].modality == "audio":
         return {"model": _audio_component(config, task, preprocessor, where)}
     if TASKS[task].modality == "image":
@@ -463,10 +472,25 @@ def _audio_component(
                 # Whisper's scaling puts speech in about [-1, 1.5] (max/4 + 1 at the top)
                 "range": [-1.5, 1.5],
                 "description": audio_description(preprocessor),
+                **_whisper_audio(preprocessor),
             }
         },
         "outputs": {TASKS[task].outputs[0]: {"dtype": "float32", "shape": output}},
     }
+
+
+def _whisper_audio(preprocessor: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The `audio:` block (the bundled speech through WhisperFeatureExtractor) when the
+    folder ships the feature extractor's preprocessor_config.json, else nothing."""
+    fe = dict(preprocessor or {})
+    if fe.get("feature_extractor_type", "WhisperFeatureExtractor") != "WhisperFeatureExtractor":
+        return {}
+    if not fe:
+        return {}
+    options = {k: v for k, v in fe.items() if isinstance(v, bool | int | float | str)}
+    rate = int(fe.get("sampling_rate") or 16000)
+    block = {"feature_extractor": "WhisperFeatureExtractor", "sampling_rate": rate}
+    return {"audio": {**block, "options": options}}
 
 
 # Every catalog component of an auto entry is the one exported model.

@@ -249,6 +249,7 @@ class VerifyPass(Pass[VerifyConfig]):
         from winml_recipes.sdk.runtime import argmax_agreement, compare_runs, run_model
         from winml_recipes.sdk.samples import (
             UpstreamFeeds,
+            bundled_audio_input,
             bundled_image_input,
             describe_source,
             feeds_for,
@@ -270,8 +271,9 @@ class VerifyPass(Pass[VerifyConfig]):
         contract = ctx.contract
         # Verification seeds differ from calibration seeds: quality is measured on unseen data.
         seed = config.seed + ctx.seed + 7919
+        bundled = bundled_image_input(contract) or bundled_audio_input(contract)
         from_files = any(getattr(config, k) for k in FILE_SOURCES) or (
-            _data_source(config) is None and bundled_image_input(contract) is not None
+            _data_source(config) is None and bundled is not None
         )
         wanted = config.samples or (MAX_HELD_OUT if from_files else SEEDED_SAMPLES)
         factory = feeds_for(
@@ -327,8 +329,11 @@ class VerifyPass(Pass[VerifyConfig]):
         if isinstance(factory, UpstreamFeeds):
             record["upstream_forwards"] = {"computed": factory.computed, "reused": factory.reused}
         if config.compare_simulation and target.verified_on not in ("cpu", "cpu-simulation"):
-            simulated = compare_runs(reference, run_model(src, feeds))
-            record["cpu_simulation"] = {"outputs": simulated}
+            simulated_outputs = run_model(src, feeds)
+            record["cpu_simulation"] = {"outputs": compare_runs(reference, simulated_outputs)}
+            simulated_task = _task_metric(ctx, config, reference, simulated_outputs)
+            if simulated_task is not None:  # the task metric the simulation gives, beside
+                record["cpu_simulation"]["task_metric"] = simulated_task[0]["values"]
         record["outputs"] = metrics
         gates = _gates(metrics, config)
         task = _task_metric(ctx, config, reference, target.outputs)

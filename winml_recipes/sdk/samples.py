@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the names, for type checkers and editors
     from winml_recipes.feeds import (
         UpstreamFeeds,
+        bundled_audio_input,
         bundled_image_input,
         check_npz,
         check_npz_values,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:  # the names, for type checkers and editors
 
 __all__ = [
     "UpstreamFeeds",
+    "bundled_audio_input",
     "bundled_image_input",
     "check_npz",
     "check_npz_values",
@@ -50,6 +52,7 @@ def __getattr__(name: str) -> Any:
     """The implementation of `name`, imported when first asked for."""
     if name in (
         "UpstreamFeeds",
+        "bundled_audio_input",
         "bundled_image_input",
         "check_npz",
         "check_npz_values",
