@@ -49,12 +49,13 @@ class PrefixModels:
     """Prefixes of one QDQ model ending at a tensor, extracted with onnx's Extractor."""
 
     def __init__(self, qdq: onnx.ModelProto) -> None:
+        import contextlib
+
         from onnx import shape_inference
 
-        try:
+        # without shapes the extractor needs the declared types only
+        with contextlib.suppress(Exception):
             qdq = shape_inference.infer_shapes(qdq)
-        except Exception:  # noqa: BLE001 - the extractor then needs the declared types only
-            pass
         self.model = qdq
         self.producer = {o: n for n in qdq.graph.node for o in n.output if o}
         self.inputs = [i.name for i in qdq.graph.input]
@@ -106,6 +107,7 @@ class PrefixSearch:
     work_dir: Path
     threshold_db: float = 30.0
     loss_db: float = 3.0
+    float_producer: Mapping[str, onnx.NodeProto] | None = None  # names the layer
 
     def __post_init__(self) -> None:
         self.rows: dict[int, TensorRow] = {}
@@ -127,7 +129,7 @@ class PrefixSearch:
         target = [r[pt.dq_output] for r in self.on_target(path, feeds)]
         simulated = [r[pt.dq_output] for r in run_model(path, feeds)]
         ref = [f[pt.tap.tensor] for f in self.floats]
-        node = self.prefixes.producer.get(pt.tap.tensor)
+        node = (self.float_producer or self.prefixes.producer).get(pt.tap.tensor)
         row = TensorRow(
             tensor=pt.tap.tensor,
             op_type=node.op_type if node is not None else "(graph input)",
@@ -191,8 +193,10 @@ def first_divergence_by_prefixes(
         _with_outputs(float_model, [t.tap.tensor for t in taps]), work_dir / "float-taps.onnx"
     )
     floats = run_model(tapped, feeds)
+    producer = {o: n for n in float_model.graph.node for o in n.output}
     search = PrefixSearch(
-        PrefixModels(qdq), taps, floats, feeds, on_target, work_dir, threshold_db, loss_db
-    )
+        PrefixModels(qdq), taps, floats, feeds, on_target, work_dir, threshold_db, loss_db,
+        producer,
+    )  # fmt: skip
     first = search.first()
     return first, search.record()

@@ -34,6 +34,7 @@ RULES = (
     "erf_gelu_to_gelu", RULE_TRANSPOSES, "channel_scatter_to_elementwise",
     "constant_scatter_to_arithmetic", "constant_gathernd_to_gather", "merge_constant_chain",
     "zero_constant_add", "rotate_pairwise_to_gather", "chunk_attention_queries",
+    "reduce_unit_axes",
 )  # fmt: skip
 
 
@@ -195,6 +196,7 @@ def float_rewrites(max_tensor_elements: int | None = None) -> list[Step]:
             r.ZeroConstantAddToIdentity.rule_name,
             _rules(one(r.ZeroConstantAddToIdentity, "Add", "Sub")),
         ),
+        Step(r.ReduceUnitAxes.rule_name, _rules(one(r.ReduceUnitAxes, *_REDUCTIONS))),
         # (no dead-code pass after: the bypassed zero constants stay initializers, as the
         # protobuf rewrite left them; quantize drops what no node reads)
         Step(RULE_IDENTITY, _library_pass(_IdentityElimination())),
@@ -204,6 +206,7 @@ def float_rewrites(max_tensor_elements: int | None = None) -> list[Step]:
 
 
 _ELEMENTWISE = ("Mul", "Div", "Add", "Sub")
+_REDUCTIONS = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin")
 
 
 def qdq_rewrites() -> list[Step]:

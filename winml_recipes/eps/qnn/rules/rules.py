@@ -394,6 +394,56 @@ class ZeroConstantAddToIdentity(HtpRule):
         return op.Identity(facts, _name=node.name, _outputs=[_base(node)])
 
 
+class ReduceUnitAxes(HtpRule):
+    """A reduction (keepdims=1) over axes of which some have static size 1 -> the same
+    reduction over the other axes only (an Identity when none is left), exactly: reducing a
+    size-1 axis with its dim kept changes nothing.
+
+    HTP gets such a reduction wrong: Swin's pooler (Transpose -> Unsqueeze -> ReduceMean over
+    axes [-1, -2] of a [1, 32, 1, 64] tensor) gave one constant for every channel, -26.3 dB
+    against the CPU EP on the same six-node QDQ unit (w8a16, onnxruntime-qnn 2.7), and the
+    tiny Swin's top-1 agreement was 0; over axis [-1] alone the same unit is right (68.2 dB).
+    """
+
+    rule_name = "reduce_unit_axes"
+    log_refusals = False
+
+    def validate(self, node: ir.Node) -> Any:
+        if _attr_int(node, "keepdims", 1) != 1:
+            return "keepdims=0 (the size-1 axes would be removed)"
+        shape = static_dims(node.inputs[0])
+        if shape is None:
+            return "the input's rank is not known"
+        from_input = len(node.inputs) > 1 and node.inputs[1] is not None
+        if from_input:
+            axes = const(node.inputs[1])
+            if axes is None:
+                return "the axes are not a constant"
+            axes = [int(a) for a in np.asarray(axes).ravel()]
+        else:
+            attr = node.attributes.get("axes")
+            axes = list(attr.as_ints()) if attr is not None else []
+        if not axes:
+            return "no axes (all, or none with noop_with_empty_axes)"
+        rank = len(shape)
+        axes = [a % rank for a in axes]
+        kept = [a for a in axes if shape[a] != 1]
+        if len(kept) == len(axes):
+            return "no axis of static size 1"
+        return node.inputs[0], kept, from_input
+
+    def replace(self, op, node: ir.Node, facts: Any) -> ir.Value:
+        x, kept, from_input = facts
+        base = _base(node)
+        if not kept:
+            return op.Identity(x, _name=node.name, _outputs=[base])
+        attrs = {k: v for k, v in node.attributes.items() if k != "axes"}
+        if from_input:
+            axes = op.initializer(ir.tensor(np.array(kept, np.int64), name=f"{base}_axes"))
+            return op.op(node.op_type, x, axes, **attrs, _name=node.name, _outputs=[base])
+        return op.op(node.op_type, x, axes=kept, **attrs, _name=node.name, _outputs=[base])
+
+
 class MergeConstantChain(HtpRule):
     """op(op(x, A), B) -> op(x, A (*|+) B) for Mul/Div (product) and Add/Sub (sum) by
     constants, when the inner result has no other reader (what the scatter rewrites leave
