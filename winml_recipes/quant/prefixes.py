@@ -81,6 +81,11 @@ class PrefixModels:
 
     def prefix(self, tensor: str) -> onnx.ModelProto:
         """The model up to `tensor`, which is its only output."""
+        if tensor not in self.extractor.value_infos:  # shape inference could not type it
+            elem = onnx.TensorProto.FLOAT  # a DequantizeLinear's output: its scale's type
+            self.extractor.value_infos[tensor] = onnx.helper.make_tensor_value_info(
+                tensor, elem, None
+            )
         model = self.extractor.extract_model(self.used_inputs(tensor), [tensor])
         del model.graph.value_info[:]  # the EP infers them (stale ones can mislead it)
         return model

@@ -1,0 +1,196 @@
+"""Where QNN HTP departs from the CPU simulation of the same QDQ model: each cause measured on
+a small graph (onnxruntime's own QNN quantization is wrong on HTP, right on the CPU EP), its
+fix (an exact rewrite), the first divergence found on prefixes (no taps), and the build's
+own repair of a departing layer (quant/repair.py).
+
+The end-to-end cases (PP-OCRv4's recognizer from rapidocr's wheel, tiny Swin and MobileViT
+through `init`) are behind `slow`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from tests.integration.test_qnn import (
+    QNN_WHEELS,
+    _const,
+    _ort_qnn_quantize,
+    _save,
+    _sqnr,
+    _vi,
+    feeds,
+    project,
+    scatter_graph,
+    steps_of,
+)
+from winml_recipes import api
+from winml_recipes.runtime.sessions import run_model
+
+pytestmark = pytest.mark.skipif(not QNN_WHEELS, reason="no onnxruntime-qnn wheel here")
+
+OCR = "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx"
+
+
+def dead_channel_conv(path: Path) -> Path:
+    """PP-OCRv4's recognizer `p2o.Conv.12` (1x1, 128 -> 240 channels, two of them all zero)
+    with its trained weights, from rapidocr's wheel."""
+    from onnx import numpy_helper
+
+    from tests.corpus import fetch
+
+    source = onnx.load(str(fetch.member("rapidocr-onnxruntime", OCR)))
+    producer = {o: n for n in source.graph.node for o in n.output}
+    conv = next(n for n in source.graph.node if n.name == "p2o.Conv.12")
+    w, b = (numpy_helper.to_array(producer[x].attribute[0].t) for x in conv.input[1:])
+    assert int((np.abs(w).reshape(240, -1).max(axis=1) == 0).sum()) == 2
+    return _save(
+        path,
+        [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv")],
+        [_vi("x", [1, 128, 12, 80])],
+        [_vi("y", [1, 240, 12, 80])],
+        [_const("w", w), _const("b", b)],
+    )
+
+
+def _per_channel_qnn_quantize(src: Path, out: Path, data: list[dict]) -> Path:
+    """onnxruntime's own QNN quantization (w8a16), weights per channel."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter(data)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    config = get_qnn_qdq_config(
+        str(src), Reader(), activation_type=QuantType.QUInt16, weight_type=QuantType.QUInt8,
+        per_channel=True,
+    )  # fmt: skip
+    quantize(str(src), str(out), config)
+    return out
+
+
+def test_dead_weight_channels_are_wrong_on_htp_and_evened_out_exactly(tmp_path: Path) -> None:
+    from winml_recipes.quant.dead_channels import even_out_dead_channels
+
+    model = dead_channel_conv(tmp_path / "conv.onnx")
+    data = feeds(-0.0088, 0.2, (1, 128, 12, 80), 4)  # the layer's calibrated input range
+    quantized = _per_channel_qnn_quantize(model, tmp_path / "q.onnx", data)
+    reference = run_model(model, data)
+    simulated = run_model(quantized, data)
+    assert _sqnr(reference, simulated) > 30  # CPU EP: Q/DQ simulated in float
+    assert _sqnr(simulated, run_model(quantized, data, "qnn-htp")) < 10  # the NPU
+    proto = onnx.load(str(quantized))
+    changed = even_out_dead_channels(proto)
+    assert [c["channels"] for c in changed] == [[72, 154]]
+    fixed = tmp_path / "fixed.onnx"
+    onnx.save(proto, str(fixed))
+    again = run_model(fixed, data)
+    assert all(np.array_equal(a["y"], b["y"]) for a, b in zip(simulated, again, strict=True))
+    assert _sqnr(again, run_model(fixed, data, "qnn-htp")) > 40
+
+
+def pooler_graph(path: Path) -> Path:
+    """Swin's pooler: MatMul -> Transpose -> Unsqueeze -> ReduceMean over [-1, -2] (the
+    second a size-1 axis), keepdims."""
+    rng = np.random.default_rng(2)
+    return _save(
+        path,
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"], name="proj"),
+            helper.make_node("Transpose", ["h"], ["t"], perm=[0, 2, 1], name="transpose"),
+            helper.make_node("Unsqueeze", ["t", "at"], ["u"], name="unsqueeze"),
+            helper.make_node("ReduceMean", ["u"], ["y"], axes=[-1, -2], keepdims=1, name="mean"),
+        ],
+        [_vi("x", [1, 64, 32])],
+        [_vi("y", [1, 32, 1, 1])],
+        [
+            _const("w", rng.normal(0, 0.3, (32, 32)).astype(np.float32)),
+            _const("at", np.array([-2], np.int64)),
+        ],
+    )
+
+
+def test_reduction_over_a_size_one_axis_is_rewritten_for_htp(tmp_path: Path) -> None:
+    model = pooler_graph(tmp_path / "pool.onnx")
+    data = feeds(-2.0, 2.0, (1, 64, 32), 4)
+    bad = _ort_qnn_quantize(model, tmp_path / "ort.onnx", data)
+    simulated = run_model(bad, data)
+    assert _sqnr(run_model(model, data), simulated) > 30
+    assert _sqnr(simulated, run_model(bad, data, "qnn-htp")) < 0  # one constant per channel
+    recipe = project(
+        tmp_path, model, "[-2.0, 2.0]",
+        "[{prepare: {stages: [ep]}}, {quantize: {repair_divergence: false}}, "
+        "{verify: {min_sqnr_db: 30}}]",
+    )  # fmt: skip
+    result = api.build(recipe, device="npu", precision="w8a16", output_root=tmp_path / "out")
+    steps = steps_of(result)
+    rewrites = steps["prepare"]["metrics"]["rewrites"]
+    assert {"rule": "reduce_unit_axes", "nodes": ["mean"], "count": 1} in rewrites
+    verify = steps["verify"]["metrics"]
+    assert verify["verified_on"] == "qnn-htp"
+    assert verify["outputs"]["y"]["sqnr_db"] >= 30
+
+
+def test_first_divergence_found_on_prefixes_without_taps(tmp_path: Path) -> None:
+    """On onnxruntime's quantization of the scatter graph, the prefix search names the
+    scatter, having compiled only prefixes of the untouched graph."""
+    from winml_recipes.quant.prefixes import first_divergence_by_prefixes
+    from winml_recipes.runtime.target import run_on_target
+
+    model = scatter_graph(tmp_path / "scatter.onnx")
+    data = feeds(0.0, 100.0, (1, 1, 4, 2), 8)
+    bad = _ort_qnn_quantize(model, tmp_path / "ort.onnx", data)
+
+    def on_target(path: Path, prefix_feeds) -> list:
+        return run_on_target(path, prefix_feeds, "npu").outputs
+
+    first, search = first_divergence_by_prefixes(bad, model, data[:2], on_target, tmp_path / "p")
+    assert first is not None
+    assert (first.tensor, first.op_type, first.node) == ("sc", "ScatterElements", "scatter")
+    assert first.simulation_vs_float_db > 40 > 10 > first.target_vs_float_db
+    scored = {r["tensor"]: r for r in search["prefixes_scored"]}
+    assert scored["scaled"]["target_vs_simulation_db"] > 30  # the layer before agrees
+    # every prefix ends at one quantized activation: none had an extra output
+    for prefix in (tmp_path / "p").glob("prefix-*/model.onnx"):
+        assert len(onnx.load(str(prefix)).graph.output) == 1
+
+
+def test_build_repairs_the_layer_where_htp_departs(tmp_path: Path) -> None:
+    """Without the HTP rules (plain QDQ, ep_rules: false) the scatter departs on HTP; the
+    build finds it on prefixes, gives it one shared encoding, re-checks, and records it.
+    repair_divergence: false keeps the departing model, and verify names the layer."""
+    model = scatter_graph(tmp_path / "scatter.onnx")
+    ops = "op_types: [Add, Slice, Div, ScatterElements, Mul]"
+    lax = "{verify: {min_sqnr_db: 30, min_cosine: -1, task: {}}}"
+    recipe = project(
+        tmp_path, model, "[0.0, 100.0]", f"[{{quantize: {{ep_rules: false, {ops}}}}}, {lax}]"
+    )
+    result = api.build(recipe, device="npu", precision="w8a16", output_root=tmp_path / "out")
+    steps = steps_of(result)
+    repair = steps["quantize"]["metrics"]["divergence_repair"]
+    assert repair["checked"]
+    assert min(repair["before"]["target_vs_simulation_db"].values()) < 30
+    assert repair["repaired"] == [{"tensor": "sc", "node": "scatter", "repair": "shared_encoding"}]
+    assert not repair["still_departs"]
+    verify = steps["verify"]["metrics"]
+    assert verify["verified_on"] == "qnn-htp"
+    assert verify["outputs"]["y"]["sqnr_db"] >= 30
+    assert "first_divergence" not in verify
+
+    off = f"[{{quantize: {{ep_rules: false, repair_divergence: false, {ops}}}}}, {lax}]"
+    recipe.write_text(recipe.read_text().replace(recipe.read_text().split("steps: ")[1], off))
+    with pytest.raises(Exception, match=r"departs from the CPU simulation first at sc "
+                       r"\(ScatterElements scatter\)") as err:  # fmt: skip
+        api.build(recipe, device="npu", precision="w8a16", output_root=tmp_path / "out2")
+    kept = json.loads(next((tmp_path / "out2").rglob("manifest.json")).read_text())
+    assert "divergence_repair" not in json.dumps(kept)
+    assert "verification on qnn-htp failed" in str(err.value)
