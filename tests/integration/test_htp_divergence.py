@@ -194,3 +194,38 @@ def test_build_repairs_the_layer_where_htp_departs(tmp_path: Path) -> None:
     kept = json.loads(next((tmp_path / "out2").rglob("manifest.json")).read_text())
     assert "divergence_repair" not in json.dumps(kept)
     assert "verification on qnn-htp failed" in str(err.value)
+
+
+def spike_graph(path: Path) -> Path:
+    """x * 2, then one element scaled by 1000 and back: the scaled tensor's 8-bit encoding
+    spans the spike, so the other elements quantize to zero and the layer after it, which
+    undoes the spike, loses them all."""
+    spike = np.ones((1, 256), np.float32)
+    spike[0, 0] = 1000.0
+    return _save(
+        path,
+        [
+            helper.make_node("Mul", ["x", "two"], ["h"], name="pre"),
+            helper.make_node("Mul", ["h", "spike"], ["a"], name="spike"),
+            helper.make_node("Mul", ["a", "unspike"], ["y"], name="post"),
+        ],
+        [_vi("x", [1, 256])],
+        [_vi("y", [1, 256])],
+        [_const("two", np.float32(2.0)), _const("spike", spike), _const("unspike", 1 / spike)],
+    )
+
+
+def test_a_model_withheld_for_quality_names_where_its_error_starts(tmp_path: Path) -> None:
+    """The first layer that departs from float in the CPU simulation (not the layers before
+    it, which are right; not the ones after it, which inherit its loss)."""
+    from onnxruntime.quantization import QuantType
+
+    from winml_recipes.quant.divergence import first_loss_in_simulation
+
+    model = spike_graph(tmp_path / "spike.onnx")
+    data = feeds(-1.0, 1.0, (1, 256), 8)
+    quantized = _ort_qnn_quantize(model, tmp_path / "q.onnx", data, QuantType.QUInt8)
+    row = first_loss_in_simulation(quantized, model, data[:2], tmp_path / "w")
+    assert row is not None
+    assert (row.tensor, row.op_type, row.node) == ("y", "Mul", "post")
+    assert row.input_db is not None and row.input_db > 30 > 10 > row.simulation_vs_float_db

@@ -336,11 +336,14 @@ class VerifyPass(Pass[VerifyConfig]):
         record["gates"] = [g.to_manifest() for g in gates]
         record["passed"] = all(g.holds for g in gates)
         failed = [g for g in gates if not g.holds]
+        if failed and not record.get("first_divergence", {}).get("found"):
+            record["error_source"] = _error_source(src, feeds, ctx)
         if failed:
             raise QualityGateError(
                 f"verification on {target.verified_on} failed: "
                 + "; ".join(g.line() for g in failed)
-                + _divergence_note(record.get("first_divergence")),
+                + _divergence_note(record.get("first_divergence"))
+                + _source_note(record.get("error_source")),
                 metrics=record,  # kept in the failed build's manifest
             )
         return StepResult(None, record)
@@ -441,6 +444,40 @@ def _locate(
         return {"found": False, "why": "no prefix departs (the outputs' divergence is the "
                 "last layers' together)", **search}  # fmt: skip
     return {"found": True, **first.to_json(), "prefix_loads": search["prefix_loads"]}
+
+
+SOURCE_MAX_BYTES = 256 << 20  # models above: every activation alive at once is too much
+
+
+def _error_source(src: Path, feeds: list[dict[str, Any]], ctx: StepContext) -> dict[str, Any]:
+    """Where a model withheld for quality loses its precision against float: the first layer
+    that departs from float in the CPU simulation (quant/divergence.py)."""
+    from winml_recipes.quant.divergence import first_loss_in_simulation
+    from winml_recipes.sdk.errors import WinmlError
+
+    assert ctx.reference is not None
+    if sum(p.stat().st_size for p in src.parent.glob(src.name + "*")) > SOURCE_MAX_BYTES:
+        return {"found": False, "why": "the model is too large to tap every activation"}
+    try:
+        row = first_loss_in_simulation(
+            src, ctx.reference, feeds[:LOCATE_SAMPLES], Path(ctx.work_dir) / "error-source"
+        )
+    except (WinmlError, ValueError) as exc:
+        return {"found": False, "why": str(exc).splitlines()[0][:300]}
+    if row is None:
+        return {"found": False, "why": "no single layer loses it: the loss accumulates"}
+    return {"found": True, **row.to_json()}
+
+
+def _source_note(found: dict[str, Any] | None) -> str:
+    if not found or not found.get("found"):
+        return ""
+    into = found["input_db"]
+    return (
+        f"; the error comes first from {found['tensor']} ({found['op_type']} "
+        f"{found['node']}): {found['simulation_vs_float_db']:.1f} dB vs float in the CPU "
+        f"simulation" + ("" if into is None else f", from {into:.1f} dB at its inputs")
+    )
 
 
 def _divergence_note(found: dict[str, Any] | None) -> str:
