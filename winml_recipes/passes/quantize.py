@@ -345,13 +345,12 @@ def _repair(float_src, out, cfg: QuantConfig, done, held_out_feeds, cal_options,
     """Divergence repair on the target (quant/repair.py), or None where there is no NPU
     target to run on (a CPU target, or its EP absent here) or mixed_precision auto chose
     the types (its promotions are not re-made)."""
-    from winml_recipes.feeds import take
     from winml_recipes.quant.ort import quantize_static_qdq
     from winml_recipes.quant.repair import SAMPLES, QuantizeState, repair_divergence
-    from winml_recipes.runtime.providers import availability, get_provider
-    from winml_recipes.runtime.target import run_on_target
+    from winml_recipes.sdk.runtime import availability, provider_for, run_on_target
+    from winml_recipes.sdk.samples import take
 
-    if get_provider(cfg.ep).is_cpu or not availability(cfg.ep).available:
+    if provider_for(ctx.target).is_cpu or not availability(cfg.ep).available:
         return None
     if cfg.auto is not None:
         return {"checked": False, "why": "mixed_precision auto chose the types"}

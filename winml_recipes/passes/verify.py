@@ -423,6 +423,7 @@ def _locate(
     """The first layer where the target departs from the simulation, found on prefixes of
     the candidate (quant/prefixes.py), or why it was not found."""
     from winml_recipes.quant.prefixes import first_divergence_by_prefixes
+    from winml_recipes.quant.repair import LAYER_DEPARTS_DB, LAYER_LOSS_DB
     from winml_recipes.sdk.errors import WinmlError
     from winml_recipes.sdk.runtime import provider_for, run_on_target
 
@@ -436,8 +437,9 @@ def _locate(
     work = Path(ctx.work_dir) / "prefixes"
     try:
         first, search = first_divergence_by_prefixes(
-            src, ctx.reference, feeds[:LOCATE_SAMPLES], on_target, work, DEPARTS_DB, LOSS_DB
-        )
+            src, ctx.reference, feeds[:LOCATE_SAMPLES], on_target, work, LAYER_DEPARTS_DB,
+            LAYER_LOSS_DB,
+        )  # fmt: skip
     except WinmlError as exc:
         return {"found": False, "why": str(exc).splitlines()[0]}
     if first is None:

@@ -2,12 +2,14 @@
 
 A weight channel that is all zeros (or so small that it quantizes to its zero point: PP-OCR
 recognizers carry channels of 1e-39) gets the quantizer's floor scale, e.g. 7.8e-7 beside
-live channels at 6e-3. The CPU EP is right with it (it simulates Q/DQ in float); QNN HTP
-is not: in PP-OCRv4's recognizer `p2o.Conv.12` (1x1, 240 output channels, two of them
-zero) came out at -4.2 dB against the CPU EP on the same QDQ unit, the two dead channels
-off by up to 2.96 where 0 is right (onnxruntime-qnn 2.7, w8a16), and everything after it
-followed (4 of 8 decoded lines wrong). Giving those channels the median of the live
-channels' scales made the same unit right: 48.3 dB.
+live channels at 6e-3. The CPU EP is right with it (it simulates Q/DQ in float); the
+Hexagon NPU's EP is not: PP-OCRv4's recognizer `p2o.Conv.12` (1x1, 240 output channels,
+two of them zero), quantized w8a16 alone with its trained weights, came out at -7.2 dB
+against the CPU EP, the two dead channels at -zero_point x scale (2.96 off) where 0 is
+right. (In the whole recognizer the next layer scales those channels by about zero, so its
+outputs hid it; `compare` showed the layer at -0.9 dB on the target vs 28.8 simulated.)
+Giving those channels the median of the live channels' scales made the same layer right
+(39.6 dB in a build, 48.3 dB on the recognizer's own unit).
 
 The rewrite is exact: every quantized value of a dead channel is its zero point, so it
 dequantizes to 0 at any scale. A bias quantized against that scale (int32, scale =

@@ -117,7 +117,7 @@ def quantize_static_qdq(
 
 def _even_out_dead_channels(path: Path) -> None:
     """Dead per-channel weight channels get a live channel's scale (quant/dead_channels.py:
-    exact, and what QNN HTP needs)."""
+    exact, and what the HTP NPU needs)."""
     from winml_recipes.onnx.io import load_model, save_model
     from winml_recipes.quant.dead_channels import even_out_dead_channels
 
