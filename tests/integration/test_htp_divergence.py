@@ -229,3 +229,100 @@ def test_a_model_withheld_for_quality_names_where_its_error_starts(tmp_path: Pat
     assert row is not None
     assert (row.tensor, row.op_type, row.node) == ("y", "Mul", "post")
     assert row.input_db is not None and row.input_db > 30 > 10 > row.simulation_vs_float_db
+
+
+# ------------------------------------------------------------------ end to end (slow)
+
+
+def _tiny_folder(arch: str, root: Path) -> Path:
+    """A save_pretrained folder of a tiny random-weight config, with its image processor."""
+    import torch
+    from transformers import (
+        MobileViTConfig,
+        MobileViTForImageClassification,
+        SwinConfig,
+        SwinForImageClassification,
+    )
+
+    torch.manual_seed(0)
+    if arch == "swin":
+        model = SwinForImageClassification(SwinConfig(
+            image_size=64, patch_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 2],
+            window_size=4, num_labels=10,
+        ))  # fmt: skip
+    else:  # initializer_range 0.2: at the default the tiny model's logits are ~1e-42
+        model = MobileViTForImageClassification(MobileViTConfig(
+            image_size=64, hidden_sizes=[64, 80, 96],
+            neck_hidden_sizes=[16, 16, 24, 48, 64, 80, 320], num_labels=10,
+            initializer_range=0.2,
+        ))  # fmt: skip
+    folder = root / arch
+    model.eval().save_pretrained(folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "image_mean": [0.5] * 3, "image_std": [0.5] * 3, "do_normalize": True,
+        "do_resize": True, "image_processor_type": "ViTImageProcessor",
+        "size": {"height": 64, "width": 64},
+    }))  # fmt: skip
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "arch",
+    [
+        "swin",
+        pytest.param("mobilevit", marks=pytest.mark.xfail(strict=True, reason=(
+            "HTP departs at silu_17 (Mul node_silu_17, x * sigmoid(x)): -9.2 dB vs 25.1 dB "
+            "simulated in its prefix, right (86 dB) as a unit alone; no repair fixes it; the "
+            "verdict names the layer"
+        ))),
+    ],
+)  # fmt: skip
+def test_vision_transformer_on_htp_agrees_with_its_simulation(arch: str, tmp_path: Path) -> None:
+    """`init` + `build` npu/w8a16 (bundled photos): the target within 3 dB of the CPU
+    simulation of the same QDQ model, top-1 agreement >= 0.8 (Swin before the fixes: -8.4 dB
+    on HTP vs 30.1 dB simulated, top-1 agreement 0)."""
+    from tests.conftest import cli_subprocess
+
+    folder = _tiny_folder(arch, tmp_path / "hf")
+    env = {"WINML_RECIPES_CACHE": str(tmp_path / "cache")}
+    done = cli_subprocess("init", folder, "--name", arch, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    done = cli_subprocess(
+        "build", f"recipes/{arch}.yaml", "--device", "npu", "--precision", "w8a16",
+        "-o", tmp_path / "out", "--json", cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    (component,) = json.loads(done.stdout)["components"].values()
+    m = next(s for s in component["steps"] if s["pass"] == "verify")["metrics"]
+    assert m["verified_on"] == "qnn-htp"
+    target = m["outputs"]["logits"]["sqnr_db"]
+    assert target >= m["cpu_simulation"]["outputs"]["logits"]["sqnr_db"] - 3
+    assert m["task_metric"]["values"]["top1_agreement"] >= 0.8
+
+
+@pytest.mark.slow
+def test_ocr_recognizer_every_line_as_float_or_withheld_naming_the_layer(tmp_path: Path) -> None:
+    """PP-OCRv4's recognizer with its rendered-text data (the corpus'), built as a user
+    builds it (no --task): every decoded line equal to the float model's on HTP, or the
+    build withheld with the layer the error comes from named. (The whole-line gate is the
+    verdict's; before: 4 of 8 lines differed and every gate passed.)"""
+    from tests.conftest import cli_subprocess
+    from tests.corpus import models
+
+    p = models.prepare("ppocr-rec")
+    done = cli_subprocess(
+        "build", "--onnx", p.model, "--device", "npu", "--precision", "w8a16",
+        "--calibration-data", p.calib, "--eval-data", p.heldout, "-o", tmp_path / "out",
+        env={"WINML_RECIPES_CACHE": str(tmp_path / "cache")},
+    )  # fmt: skip
+    if done.returncode == 0:
+        manifest = json.loads(next((tmp_path / "out").rglob("manifest.json")).read_text())
+        (component,) = manifest["components"].values()
+        m = next(s for s in component["steps"] if s["pass"] == "verify")["metrics"]
+        assert m["task_metric"]["values"]["line_agreement"] == 1.0
+    else:
+        assert done.returncode == 3, done.stderr
+        assert "the error comes first from" in done.stderr or (
+            "departs from the CPU simulation first at" in done.stderr
+        ), done.stderr

@@ -444,6 +444,47 @@ class ReduceUnitAxes(HtpRule):
         return op.op(node.op_type, x, axes=kept, **attrs, _name=node.name, _outputs=[base])
 
 
+class WholeMapAveragePoolToGlobal(HtpRule):
+    """An AveragePool whose window covers the whole map (no pads, one output position per
+    axis) -> GlobalAveragePool, exactly: both average every element (a window that
+    overhangs the map with ceil_mode averages only the elements inside it, as onnxruntime
+    and torch compute it).
+
+    HTP refuses such a pool: EfficientNet's head (`nn.AvgPool2d(1280, ceil_mode=True)` on a
+    2x2 map: kernel 320 in the tiny config) failed to load with `AveragePool with domain
+    com.ms.internal.nhwc ... was not selected by that EP`.
+    """
+
+    op_type = "AveragePool"
+    rule_name = "whole_map_average_pool"
+
+    def validate(self, node: ir.Node) -> Any:
+        shape = static_dims(node.inputs[0])
+        if shape is None or len(shape) < 3 or any(d is None for d in shape[2:]):
+            return "the input's spatial dims are not static"
+        if node.attributes.get_string("auto_pad", "NOTSET") not in ("NOTSET", ""):
+            return "auto_pad"
+        pads = node.attributes.get_ints("pads", [])
+        if any(pads):
+            return "padded"
+        if any(d != 1 for d in node.attributes.get_ints("dilations", []) or []):
+            return "dilated"
+        kernel = node.attributes.get_ints("kernel_shape", [])
+        spatial = shape[2:]
+        if len(kernel) != len(spatial) or any(k < d for k, d in zip(kernel, spatial, strict=True)):
+            return "the window does not cover the map"
+        strides = node.attributes.get_ints("strides", None) or [1] * len(kernel)
+        ceil = _attr_int(node, "ceil_mode", 0)
+        for d, k, st in zip(spatial, kernel, strides, strict=True):
+            size = (d - k + (st - 1 if ceil else 0)) // st + 1 if d >= k else (1 if ceil else 0)
+            if size != 1:
+                return "more than one output position"
+        return node.inputs[0]
+
+    def replace(self, op, node: ir.Node, facts: Any) -> ir.Value:
+        return op.GlobalAveragePool(facts, _name=node.name, _outputs=[_base(node)])
+
+
 class MergeConstantChain(HtpRule):
     """op(op(x, A), B) -> op(x, A (*|+) B) for Mul/Div (product) and Add/Sub (sum) by
     constants, when the inner result has no other reader (what the scatter rewrites leave
