@@ -326,3 +326,88 @@ def test_ocr_recognizer_every_line_as_float_or_withheld_naming_the_layer(tmp_pat
         assert "the error comes first from" in done.stderr or (
             "departs from the CPU simulation first at" in done.stderr
         ), done.stderr
+
+
+def head_pool_graph(path: Path) -> Path:
+    """EfficientNet's head: `nn.AvgPool2d(1280, ceil_mode=True)` on a 2x2 map (the window
+    overhangs it), after a 1x1 Conv."""
+    rng = np.random.default_rng(4)
+    return _save(
+        path,
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+            helper.make_node(
+                "AveragePool", ["c"], ["y"], kernel_shape=[320, 320], strides=[320, 320],
+                ceil_mode=1, count_include_pad=1, pads=[0, 0, 0, 0], name="pool",
+            ),
+        ],
+        [_vi("x", [1, 8, 2, 2])],
+        [_vi("y", [1, 8, 1, 1])],
+        [_const("w", rng.normal(0, 0.5, (8, 8, 1, 1)).astype(np.float32))],
+    )  # fmt: skip
+
+
+def test_a_pool_over_the_whole_map_reaches_htp(tmp_path: Path) -> None:
+    from winml_recipes.runtime.sessions import open_session
+    from winml_recipes.sdk.errors import ExecutionProviderError
+
+    model = head_pool_graph(tmp_path / "pool.onnx")
+    bad = _ort_qnn_quantize(model, tmp_path / "ort.onnx", feeds(-1.0, 1.0, (1, 8, 2, 2), 4))
+    with pytest.raises(ExecutionProviderError, match="AveragePool"):
+        open_session(bad, "qnn-htp", fallback=False)
+    recipe = project(
+        tmp_path, model, "[-1.0, 1.0]",
+        "[{prepare: {stages: [ep]}}, quantize, {verify: {min_sqnr_db: 30}}]",
+    )  # fmt: skip
+    result = api.build(recipe, device="npu", precision="w8a16", output_root=tmp_path / "out")
+    steps = steps_of(result)
+    rewrites = steps["prepare"]["metrics"]["rewrites"]
+    assert {"rule": "whole_map_average_pool", "nodes": ["pool"], "count": 1} in rewrites
+    verify = steps["verify"]["metrics"]
+    assert verify["verified_on"] == "qnn-htp"
+    assert verify["outputs"]["y"]["sqnr_db"] >= 30
+
+
+def grn_graph(path: Path) -> Path:
+    """ConvNeXt V2's global response normalization (channels last): gx = ||x|| over H, W;
+    x + beta + gamma * x * gx / (mean_C(gx) + eps)."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("ReduceL2", ["x"], ["gx"], axes=[1, 2], keepdims=1, name="l2"),
+        helper.make_node("ReduceMean", ["gx"], ["mg"], axes=[-1], keepdims=1, name="mean"),
+        helper.make_node("Add", ["mg", "eps"], ["den"], name="eps_add"),
+        helper.make_node("Div", ["gx", "den"], ["nx"], name="div"),
+        helper.make_node("Mul", ["x", "nx"], ["xn"], name="xn"),
+        helper.make_node("Mul", ["xn", "gamma"], ["gxn"], name="gamma"),
+        helper.make_node("Add", ["gxn", "beta"], ["t"], name="beta"),
+        helper.make_node("Add", ["t", "x"], ["y"], name="residual"),
+    ]
+    return _save(
+        path, nodes, [_vi("x", [1, 4, 4, 16])], [_vi("y", [1, 4, 4, 16])],
+        [
+            _const("eps", np.float32(1e-6)),
+            _const("gamma", rng.normal(size=16).astype(np.float32)),
+            _const("beta", rng.normal(size=16).astype(np.float32)),
+        ],
+    )  # fmt: skip
+
+
+def test_response_normalization_reaches_htp(tmp_path: Path) -> None:
+    from winml_recipes.runtime.sessions import open_session
+    from winml_recipes.sdk.errors import ExecutionProviderError
+
+    model = grn_graph(tmp_path / "grn.onnx")
+    bad = _ort_qnn_quantize(model, tmp_path / "ort.onnx", feeds(-1.0, 1.0, (1, 4, 4, 16), 4))
+    with pytest.raises(ExecutionProviderError, match="MEM_ALLOC"):
+        open_session(bad, "qnn-htp", fallback=False)
+    recipe = project(
+        tmp_path, model, "[-1.0, 1.0]",
+        "[{prepare: {stages: [ep]}}, quantize, {verify: {min_sqnr_db: 30}}]",
+    )  # fmt: skip
+    result = api.build(recipe, device="npu", precision="w8a16", output_root=tmp_path / "out")
+    steps = steps_of(result)
+    rewrites = steps["prepare"]["metrics"]["rewrites"]
+    assert {"rule": "reduce_l2_to_sqrt_of_sum", "nodes": ["l2"], "count": 1} in rewrites
+    verify = steps["verify"]["metrics"]
+    assert verify["verified_on"] == "qnn-htp"
+    assert verify["outputs"]["y"]["sqnr_db"] >= 30

@@ -34,7 +34,7 @@ RULES = (
     "erf_gelu_to_gelu", RULE_TRANSPOSES, "channel_scatter_to_elementwise",
     "constant_scatter_to_arithmetic", "constant_gathernd_to_gather", "merge_constant_chain",
     "zero_constant_add", "rotate_pairwise_to_gather", "chunk_attention_queries",
-    "reduce_unit_axes", "whole_map_average_pool",
+    "reduce_unit_axes", "whole_map_average_pool", "reduce_l2_to_sqrt_of_sum",
 )  # fmt: skip
 
 
@@ -198,6 +198,7 @@ def float_rewrites(max_tensor_elements: int | None = None) -> list[Step]:
         ),
         Step(r.ReduceUnitAxes.rule_name, _rules(one(r.ReduceUnitAxes, *_REDUCTIONS))),
         Step(r.WholeMapAveragePoolToGlobal.rule_name, _rules(one(r.WholeMapAveragePoolToGlobal))),
+        Step(r.ReduceL2ToSqrtOfSum.rule_name, _rules(one(r.ReduceL2ToSqrtOfSum))),
         # (no dead-code pass after: the bypassed zero constants stay initializers, as the
         # protobuf rewrite left them; quantize drops what no node reads)
         Step(RULE_IDENTITY, _library_pass(_IdentityElimination())),

@@ -485,6 +485,39 @@ class WholeMapAveragePoolToGlobal(HtpRule):
         return op.GlobalAveragePool(facts, _name=node.name, _outputs=[_base(node)])
 
 
+class ReduceL2ToSqrtOfSum(HtpRule):
+    """ReduceL2(x) -> Sqrt(ReduceSum(x * x)) over the same axes (what ReduceL2 computes).
+
+    A quantized ReduceL2 fails HTP's graph finalize (QNN_COMMON_ERROR_MEM_ALLOC): ConvNeXt
+    V2's global response normalization (ReduceL2 -> ReduceMean -> Add -> Div) in a 12-node
+    w8a16 graph, and sentence embedders' L2 normalization; the same graph with the sum of
+    squares loads and agrees with the CPU EP (68.8 dB).
+    """
+
+    op_type = "ReduceL2"
+    rule_name = "reduce_l2_to_sqrt_of_sum"
+
+    def validate(self, node: ir.Node) -> Any:
+        if len(node.inputs) > 1 and node.inputs[1] is not None:
+            axes = const(node.inputs[1])
+            if axes is None:
+                return "the axes are not a constant"
+            return node.inputs[0], [int(a) for a in np.asarray(axes).ravel()]
+        attr = node.attributes.get("axes")
+        return node.inputs[0], list(attr.as_ints()) if attr is not None else []
+
+    def replace(self, op, node: ir.Node, facts: Any) -> ir.Value:
+        x, axes = facts
+        base = _base(node)
+        attrs = {k: v for k, v in node.attributes.items() if k != "axes"}
+        square = op.Mul(x, x, _name=f"{node.name}_square", _outputs=[f"{base}_square"])
+        inputs = [square]
+        if axes:
+            inputs.append(op.initializer(ir.tensor(np.array(axes, np.int64), name=f"{base}_axes")))
+        total = op.ReduceSum(*inputs, **attrs, _name=f"{node.name}_sum", _outputs=[f"{base}_sum"])
+        return op.Sqrt(total, _name=node.name, _outputs=[base])
+
+
 class MergeConstantChain(HtpRule):
     """op(op(x, A), B) -> op(x, A (*|+) B) for Mul/Div (product) and Add/Sub (sum) by
     constants, when the inner result has no other reader (what the scatter rewrites leave
