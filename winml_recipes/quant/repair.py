@@ -29,8 +29,11 @@ from typing import Any
 
 import numpy as np
 
-DEPARTS_DB = 30.0  # an output departs: below this against the simulation ...
-LOSS_DB = 3.0  # ... and this much further from float than the simulation is
+# an output departs: below DEPARTS_DB against the simulation and LOSS_DB further from float
+# than the simulation is (a gross departure: rounding differences between two right runs
+# stay above it; sam3-tiny's decoder, right on HTP, is 25 dB vs float there, 30 simulated)
+DEPARTS_DB = 20.0
+LOSS_DB = 6.0
 # a layer departs (the search): a clear break, not rounding noise that grew on the way
 # (MobileViT: matmul_2 at 28.1 dB target vs simulation, 3.1 dB loss, was noise; the
 # layer HTP gets wrong, silu_17, is at -9.2 dB)
