@@ -340,6 +340,10 @@ def _static(
     return StepResult(out, _base_metrics(cfg) | report | metrics)
 
 
+# Largest quantized model (file and sidecars) the divergence repair runs on the target.
+REPAIR_MAX_BYTES = 64_000_000
+
+
 def _repair(float_src, out, cfg: QuantConfig, done, held_out_feeds, cal_options, cal,
             ctx: StepContext) -> dict[str, Any] | None:  # fmt: skip
     """Divergence repair on the target (quant/repair.py), or None where there is no NPU
@@ -354,6 +358,14 @@ def _repair(float_src, out, cfg: QuantConfig, done, held_out_feeds, cal_options,
         return None
     if cfg.auto is not None:
         return {"checked": False, "why": "mixed_precision auto chose the types"}
+    size = sum(p.stat().st_size for p in out.parent.glob(out.name + "*"))
+    if size > REPAIR_MAX_BYTES:
+        return {
+            "checked": False,
+            "why": f"the quantized model is {size / 1e6:.0f} MB, over the "
+            f"{REPAIR_MAX_BYTES / 1e6:.0f} MB its target runs are tried at (an emulated NPU "
+            "takes minutes per layer at that size); `compare` locates a divergence",
+        }
     from winml_recipes.sdk.errors import WinmlError
 
     from_files = any(cal_options.get(k) for k in HELD_OUT_KEYS)
