@@ -349,6 +349,13 @@ def compare(
             exc.where = str(candidate)  # not the temporary copy
             raise
     first = first_divergence(rows, threshold_db)
+    apart = record.get("tapped_vs_untapped_db")
+    if apart is not None and apart < TAPS_CHANGED_DB:
+        # the taps changed what the EP compiled: the untouched graph's first divergence is
+        # found on prefixes of it, each compiled as the model is (quant/prefixes.py)
+        first, record["prefix_search"] = _first_by_prefixes(
+            candidate, reference, feeds, device, ep, threshold_db
+        )
     return {
         "candidate": str(candidate),
         "reference": str(reference),
@@ -361,6 +368,29 @@ def compare(
         "ranking": [r.tensor for r in rank_by_loss(rows)],
         "tensors": [r.to_json() for r in rows],
     }
+
+
+TAPS_CHANGED_DB = 40.0  # tapped vs untapped final outputs on the target, below: changed
+
+
+def _first_by_prefixes(
+    candidate: Path, reference: Path, feeds: list, device: str, ep: str | None,
+    threshold_db: float,
+) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+    """The first divergence of the untouched candidate, searched on its prefixes."""
+    import tempfile
+
+    from winml_recipes.quant.prefixes import first_divergence_by_prefixes
+    from winml_recipes.runtime.target import run_on_target
+
+    def on_target(path: Path, prefix_feeds: list) -> list:
+        options = {"allow_cpu_fallback": True}
+        return run_on_target(path, prefix_feeds, device, options, ep=ep).outputs
+
+    with tempfile.TemporaryDirectory(prefix="winml-prefixes-") as tmp:
+        return first_divergence_by_prefixes(
+            candidate, reference, feeds, on_target, Path(tmp), threshold_db
+        )
 
 
 def perf(

@@ -812,6 +812,12 @@ def compare_lines(report: dict[str, Any], threshold_db: float, top: int | None) 
             "untouched model's: the EP compiled the tapped graph differently, so a divergence "
             "of the untouched graph may not show below"
         )
+    if report.get("prefix_search"):
+        loads = report["prefix_search"]["prefix_loads"]
+        lines.append(
+            f"note: the first divergence was searched on {loads} prefixes of the untouched "
+            "graph (no taps), each compiled as the model is"
+        )
     rows = {r["tensor"]: r for r in report["tensors"]}
     ranked = [rows[t] for t in report["ranking"]]
     first = report["first_divergence"]

@@ -33,12 +33,27 @@ def summary_lines(manifest: Manifest, output_dir: Path | str) -> list[str]:
     return lines + next_lines(output_dir)
 
 
+def _repair_line(repair: dict) -> str:
+    """What the divergence repair did: the layers it changed, the outputs before/after."""
+
+    def worst(side: str) -> float:
+        return min(repair[side]["target_vs_simulation_db"].values())
+
+    done = ", ".join(f"{r['tensor']} ({r['node']}): {r['repair']}" for r in repair["repaired"])
+    head = f"repaired where the target departed: {done}" if done else "no repair kept"
+    tail = f"target vs simulation {worst('before'):.1f} -> {worst('after'):.1f} dB"
+    return f"{head}; {tail}" + ("; still departs" if repair.get("still_departs") else "")
+
+
 def step_lines(s: StepRecord) -> list[str]:
     """What one step's record says worth a line (its metrics, its skip reason)."""
     metrics = s.measured
     out = []
     if metrics.get("calibration_source"):
         out.append(f"calibrated on {data_line(metrics, 'calibration')}")
+    repair = metrics.get("divergence_repair") or {}
+    if repair.get("repaired") or repair.get("still_departs"):
+        out.append(_repair_line(repair))
     if metrics.get("verified_on"):
         out.append(f"verified on {where_verified(metrics)}")
         out.append(f"verified with {data_line(metrics, 'verify')}")

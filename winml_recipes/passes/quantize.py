@@ -336,8 +336,13 @@ def _static(
             )
         }
     float_model = load_model(float_src)
+    _require_quantized(quantization_report(float_model, load_model(out)), done.nonfinite, cfg,
+                       metrics, float_model)  # fmt: skip
+    if cfg.repair_divergence and cfg.format == "qdq":
+        repaired = _repair(float_src, out, cfg, done, held_out_feeds, cal_options, cal, ctx)
+        if repaired is not None:
+            metrics["divergence_repair"] = repaired
     report = quantization_report(float_model, load_model(out))
-    _require_quantized(report, done.nonfinite, cfg, metrics, float_model)
     return StepResult(out, _base_metrics(cfg) | report | metrics)
 
 
@@ -389,6 +394,63 @@ def _require_quantized(
         )
 
 
+# Largest quantized model (file and sidecars) the divergence repair runs on the target.
+REPAIR_MAX_BYTES = 64_000_000
+
+
+def _repair(float_src, out, cfg: QuantConfig, done, held_out_feeds, cal_options, cal,
+            ctx: StepContext) -> dict[str, Any] | None:  # fmt: skip
+    """Divergence repair on the target (quant/repair.py), or None where there is no NPU
+    target to run on (a CPU target, or its EP absent here) or mixed_precision auto chose
+    the types (its promotions are not re-made)."""
+    from winml_recipes.quant.ort import quantize_static_qdq
+    from winml_recipes.quant.repair import SAMPLES, QuantizeState, repair_divergence
+    from winml_recipes.sdk.runtime import availability, provider_for, run_on_target
+    from winml_recipes.sdk.samples import take
+
+    if provider_for(ctx.target).is_cpu or not availability(cfg.ep).available:
+        return None
+    if cfg.auto is not None:
+        return {"checked": False, "why": "mixed_precision auto chose the types"}
+    size = sum(p.stat().st_size for p in out.parent.glob(out.name + "*"))
+    if size > REPAIR_MAX_BYTES:
+        return {
+            "checked": False,
+            "why": f"the quantized model is {size / 1e6:.0f} MB, over the "
+            f"{REPAIR_MAX_BYTES / 1e6:.0f} MB its target runs are tried at (an emulated NPU "
+            "takes minutes per layer at that size); `compare` locates a divergence",
+        }
+    from winml_recipes.sdk.errors import WinmlError
+
+    from_files = any(cal_options.get(k) for k in HELD_OUT_KEYS)
+    try:  # the samples after calibration's
+        feeds = take(held_out_feeds(SAMPLES, {}, cal.samples if from_files else 0), SAMPLES)
+    except WinmlError:
+        feeds = []
+    if not feeds:  # every sample went to calibration: check on those
+        feeds = take(held_out_feeds(SAMPLES, {}, 0), SAMPLES)
+    rules = quant_rules(cfg)
+    work = ctx.work_dir / "divergence-repair"
+
+    def requantize(state, dest: Path) -> None:
+        from winml_recipes.quant.calibrate import write_ort_cache
+
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        ranges_path = dest.parent / "ranges.json"
+        write_ort_cache(state.ranges, ranges_path)
+        quantize_static_qdq(done.src, dest, cfg, ranges_path, state.overrides, state.exclude,
+                            rules)  # fmt: skip
+
+    def on_target(path: Path, prefix_feeds) -> list:
+        return run_on_target(path, prefix_feeds, ctx.target.device, ep=cfg.ep).outputs
+
+    state = QuantizeState(dict(done.ranges), dict(done.overrides), list(done.exclude))
+    return repair_divergence(
+        done.src, out, state, requantize, feeds, on_target, cfg.activation_type, work,
+        ctx.progress,
+    )  # fmt: skip
+
+
 @dataclass
 class _Quantized:
     """One calibration + quantization of a float model (with some algorithms)."""
@@ -403,6 +465,7 @@ class _Quantized:
     calibration_seconds: float
     insertion_seconds: float
     algorithms: dict[str, Any] = field(default_factory=dict)
+    ranges: dict[str, Any] = field(default_factory=dict)  # what ranges_path holds
 
 
 def _quantize_with(
@@ -506,7 +569,7 @@ def _quantize_with(
             insertion_seconds += time.perf_counter() - started
     return _Quantized(
         src, ranges_path, overrides, exclude, nonfinite, sentinels, ep_metrics,
-        calibration_seconds, insertion_seconds, record,
+        calibration_seconds, insertion_seconds, record, dict(ranges),
     )  # fmt: skip
 
 

@@ -105,6 +105,12 @@ class VerifyConfig:
         "Also run the candidate on the CPU EP and record those metrics, to show where the "
         "target diverges from the simulation.",
     )
+    locate_divergence: bool = option(
+        True,
+        "With compare_simulation: where an output on the target departs from the CPU "
+        "simulation (below 20 dB against it and 6 dB further from float), find the first "
+        "layer that departs, on prefixes of the graph, and name it in the verdict.",
+    )
     outputs: Mapping[str, Thresholds] | None = option(
         None, "Per-output thresholds overriding the ones above."
     )
@@ -329,11 +335,14 @@ class VerifyPass(Pass[VerifyConfig]):
         if isinstance(factory, UpstreamFeeds):
             record["upstream_forwards"] = {"computed": factory.computed, "reused": factory.reused}
         if config.compare_simulation and target.verified_on not in ("cpu", "cpu-simulation"):
-            simulated_outputs = run_model(src, feeds)
-            record["cpu_simulation"] = {"outputs": compare_runs(reference, simulated_outputs)}
-            simulated_task = _task_metric(ctx, config, reference, simulated_outputs)
+            sim_runs = run_model(src, feeds)
+            simulated = compare_runs(reference, sim_runs)
+            record["cpu_simulation"] = {"outputs": simulated}
+            simulated_task = _task_metric(ctx, config, reference, sim_runs)
             if simulated_task is not None:  # the task metric the simulation gives, beside
                 record["cpu_simulation"]["task_metric"] = simulated_task[0]["values"]
+            if config.locate_divergence and _departs(simulated, metrics, sim_runs, target.outputs):
+                record["first_divergence"] = _locate(src, feeds, options, ctx, out_dir)
         record["outputs"] = metrics
         gates = _gates(metrics, config)
         task = _task_metric(ctx, config, reference, target.outputs)
@@ -345,10 +354,14 @@ class VerifyPass(Pass[VerifyConfig]):
         record["gates"] = [g.to_manifest() for g in gates]
         record["passed"] = all(g.holds for g in gates)
         failed = [g for g in gates if not g.holds]
+        if failed and not record.get("first_divergence", {}).get("found"):
+            record["error_source"] = _error_source(src, feeds, ctx)
         if failed:
             raise QualityGateError(
                 f"verification on {target.verified_on} failed: "
-                + "; ".join(g.line() for g in failed),
+                + "; ".join(g.line() for g in failed)
+                + _divergence_note(record.get("first_divergence"))
+                + _source_note(record.get("error_source")),
                 metrics=record,  # kept in the failed build's manifest
             )
         _record_layers(record, src, feeds, target, ctx)
@@ -418,6 +431,103 @@ def _run_or_bisect(
         "bisection": explained.data["bisection"],
     }
     return target
+
+
+DEPARTS_DB = 20.0  # target vs simulation below this ... (quant/repair.py's rule)
+LOSS_DB = 6.0  # ... and this much further from float than the simulation: departs
+LOCATE_SAMPLES = 2  # samples the prefix search runs
+
+
+def _departs(
+    simulated: dict[str, Any], on_target: dict[str, Any], sim_runs: list, target_runs: list
+) -> bool:
+    """Whether an output on the target departs from the CPU simulation: below DEPARTS_DB
+    against it and LOSS_DB further from float (`simulated`, `on_target`: vs float)."""
+    from winml_recipes.sdk.runtime import compare_runs
+
+    apart = compare_runs(sim_runs, target_runs)
+    return any(
+        apart[n]["sqnr_db"] < DEPARTS_DB
+        and simulated[n]["sqnr_db"] - on_target[n]["sqnr_db"] >= LOSS_DB
+        for n in simulated
+        if n in apart and n in on_target
+    )
+
+
+def _locate(
+    src: Path, feeds: list[dict[str, Any]], options: dict[str, Any], ctx: StepContext,
+    out_dir: Path,
+) -> dict[str, Any]:  # fmt: skip
+    """The first layer where the target departs from the simulation, found on prefixes of
+    the candidate (quant/prefixes.py), or why it was not found."""
+    from winml_recipes.quant.prefixes import first_divergence_by_prefixes
+    from winml_recipes.quant.repair import LAYER_DEPARTS_DB, LAYER_LOSS_DB
+    from winml_recipes.sdk.errors import WinmlError
+    from winml_recipes.sdk.runtime import provider_for, run_on_target
+
+    assert ctx.reference is not None
+    ep = provider_for(ctx.target).key
+
+    def on_target(path: Path, prefix_feeds: list) -> list:
+        return run_on_target(path, prefix_feeds, ctx.target.device, options, None, ep).outputs
+
+    ctx.progress("locating the first divergence on prefixes", 0, 1)
+    work = Path(ctx.work_dir) / "prefixes"
+    try:
+        first, search = first_divergence_by_prefixes(
+            src, ctx.reference, feeds[:LOCATE_SAMPLES], on_target, work, LAYER_DEPARTS_DB,
+            LAYER_LOSS_DB,
+        )  # fmt: skip
+    except WinmlError as exc:
+        return {"found": False, "why": str(exc).splitlines()[0]}
+    if first is None:
+        return {"found": False, "why": "no prefix departs (the outputs' divergence is the "
+                "last layers' together)", **search}  # fmt: skip
+    return {"found": True, **first.to_json(), "prefix_loads": search["prefix_loads"]}
+
+
+SOURCE_MAX_BYTES = 256 << 20  # models above: every activation alive at once is too much
+
+
+def _error_source(src: Path, feeds: list[dict[str, Any]], ctx: StepContext) -> dict[str, Any]:
+    """Where a model withheld for quality loses its precision against float: the first layer
+    that departs from float in the CPU simulation (quant/divergence.py)."""
+    from winml_recipes.quant.divergence import first_loss_in_simulation
+    from winml_recipes.sdk.errors import WinmlError
+
+    assert ctx.reference is not None
+    if sum(p.stat().st_size for p in src.parent.glob(src.name + "*")) > SOURCE_MAX_BYTES:
+        return {"found": False, "why": "the model is too large to tap every activation"}
+    try:
+        row = first_loss_in_simulation(
+            src, ctx.reference, feeds[:LOCATE_SAMPLES], Path(ctx.work_dir) / "error-source"
+        )
+    except (WinmlError, ValueError) as exc:
+        return {"found": False, "why": str(exc).splitlines()[0][:300]}
+    if row is None:
+        return {"found": False, "why": "no single layer loses it: the loss accumulates"}
+    return {"found": True, **row.to_json()}
+
+
+def _source_note(found: dict[str, Any] | None) -> str:
+    if not found or not found.get("found"):
+        return ""
+    into = found["input_db"]
+    return (
+        f"; the error comes first from {found['tensor']} ({found['op_type']} "
+        f"{found['node']}): {found['simulation_vs_float_db']:.1f} dB vs float in the CPU "
+        f"simulation" + ("" if into is None else f", from {into:.1f} dB at its inputs")
+    )
+
+
+def _divergence_note(found: dict[str, Any] | None) -> str:
+    if not found or not found.get("found"):
+        return ""
+    return (
+        f"; the target departs from the CPU simulation first at {found['tensor']} "
+        f"({found['op_type']} {found['node']}): {found['target_vs_float_db']:.1f} dB vs float "
+        f"on the target, {found['simulation_vs_float_db']:.1f} dB simulated"
+    )
 
 
 def _runs_on_cpu(target: Target, config: VerifyConfig) -> bool:

@@ -154,6 +154,13 @@ class QuantizeOptions:
             "activations to 16 bit until a target SQNR.",
         )
     )
+    repair_divergence: bool = option(
+        True,
+        "On an NPU target: run the quantized model on the target's EP and on the CPU "
+        "simulation; where the target departs, find the first departing layer and quantize "
+        "it another way (shared encoding, 16-bit activations, float), recorded in the "
+        "manifest. false: keep the model as quantized.",
+    )
 
 
 QUANTIZE_OPTIONS_SCHEMA: dict[str, Any] = config_schema(QuantizeOptions)
@@ -178,6 +185,7 @@ class QuantConfig:
     auto: dict[str, Any] | None = None
     algorithms: tuple[str, ...] = ()  # applied as given
     algorithms_auto: dict[str, Any] | None = None  # `auto`: chosen by score
+    repair_divergence: bool = True  # where the target departs from the simulation
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -285,6 +293,7 @@ def resolve(options: QuantizeOptions, target: Target) -> QuantConfig:
         calibration=cal,
         regions=regions,
         auto=auto,
+        repair_divergence=o.repair_divergence,
         **_algorithms(o, mode),
     )
     problem = rules.check(cfg) if ep_rules and rules is not None else None

@@ -283,3 +283,44 @@ def first_divergence(
         ),
         None,
     )
+
+
+def first_loss_in_simulation(
+    candidate: Path,
+    reference: Path,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    work_dir: Path,
+    below_db: float = 20.0,
+    loss_db: float = 3.0,
+) -> TensorRow | None:
+    """Where a model loses its precision against float on the CPU EP (Q/DQ simulated): the
+    first quantized tensor (graph order) below `below_db` vs float that is at least
+    `loss_db` below the worst tensor it reads. The CPU EP only: no target run."""
+    from winml_recipes.onnx.io import load_model, save_model
+    from winml_recipes.onnx.metrics import compare_runs
+    from winml_recipes.runtime.sessions import run_model
+
+    qdq = load_model(candidate)
+    float_model = load_model(reference)
+    producer = {o: n for n in float_model.graph.node for o in n.output}
+    taps = [t for t in activation_taps(qdq) if t.tensor in producer]
+    taps = list({t.tensor: t for t in taps}.values())
+    tapped_qdq = save_model(_with_outputs(qdq, [t.q_output for t in taps]), work_dir / "q.onnx")
+    tapped_float = save_model(
+        _with_outputs(float_model, [t.tensor for t in taps]), work_dir / "f.onnx"
+    )
+    simulated = run_model(tapped_qdq, feeds)
+    floats = run_model(tapped_float, feeds)
+    scores = compare_runs(
+        [{t.tensor: r[t.tensor] for t in taps} for r in floats],
+        [{t.tensor: t.dequantize(r[t.q_output]) for t in taps} for r in simulated],
+    )
+    measured = {t: m["sqnr_db"] for t, m in scores.items()}
+    incoming = _input_sqnr(float_model.graph, measured)
+    for tap in taps:
+        node = producer[tap.tensor]
+        db = measured[tap.tensor]
+        into = incoming(node)
+        if db < below_db and (SQNR_CAP_DB if into is None else into) - db >= loss_db:
+            return TensorRow(tap.tensor, node.op_type, node.name, db, db, SQNR_CAP_DB, into)
+    return None

@@ -110,8 +110,20 @@ def quantize_static_qdq(
         )
     adopt_sidecars(out)
     restore_float_inputs(out, exclude)
+    _even_out_dead_channels(out)
     if rules is not None:
         rules.after_quantize(out)
+
+
+def _even_out_dead_channels(path: Path) -> None:
+    """Dead per-channel weight channels get a live channel's scale (quant/dead_channels.py:
+    exact, and what the HTP NPU needs)."""
+    from winml_recipes.onnx.io import load_model, save_model
+    from winml_recipes.quant.dead_channels import even_out_dead_channels
+
+    model = load_model(path)
+    if even_out_dead_channels(model):
+        save_model(model, path)
 
 
 @contextlib.contextmanager

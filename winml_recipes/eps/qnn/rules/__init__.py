@@ -35,6 +35,7 @@ RULES = (
     "constant_scatter_to_arithmetic", "constant_gathernd_to_gather", "merge_constant_chain",
     "zero_constant_add", "rotate_pairwise_to_gather", "chunk_attention_queries",
     "waveform_conv_to_polyphase",
+    "reduce_unit_axes", "whole_map_average_pool", "reduce_l2_to_sqrt_of_sum",
 )  # fmt: skip
 
 
@@ -198,6 +199,9 @@ def float_rewrites(max_tensor_elements: int | None = None) -> list[Step]:
             r.ZeroConstantAddToIdentity.rule_name,
             _rules(one(r.ZeroConstantAddToIdentity, "Add", "Sub")),
         ),
+        Step(r.ReduceUnitAxes.rule_name, _rules(one(r.ReduceUnitAxes, *_REDUCTIONS))),
+        Step(r.WholeMapAveragePoolToGlobal.rule_name, _rules(one(r.WholeMapAveragePoolToGlobal))),
+        Step(r.ReduceL2ToSqrtOfSum.rule_name, _rules(one(r.ReduceL2ToSqrtOfSum))),
         # (no dead-code pass after: the bypassed zero constants stay initializers, as the
         # protobuf rewrite left them; quantize drops what no node reads)
         Step(RULE_IDENTITY, _library_pass(_IdentityElimination())),
@@ -207,6 +211,7 @@ def float_rewrites(max_tensor_elements: int | None = None) -> list[Step]:
 
 
 _ELEMENTWISE = ("Mul", "Div", "Add", "Sub")
+_REDUCTIONS = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin")
 
 
 def qdq_rewrites() -> list[Step]:

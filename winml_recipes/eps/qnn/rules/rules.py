@@ -394,6 +394,130 @@ class ZeroConstantAddToIdentity(HtpRule):
         return op.Identity(facts, _name=node.name, _outputs=[_base(node)])
 
 
+class ReduceUnitAxes(HtpRule):
+    """A reduction (keepdims=1) over axes of which some have static size 1 -> the same
+    reduction over the other axes only (an Identity when none is left), exactly: reducing a
+    size-1 axis with its dim kept changes nothing.
+
+    HTP gets such a reduction wrong: Swin's pooler (Transpose -> Unsqueeze -> ReduceMean over
+    axes [-1, -2] of a [1, 32, 1, 64] tensor) gave one constant for every channel, -26.3 dB
+    against the CPU EP on the same six-node QDQ unit (w8a16, onnxruntime-qnn 2.7), and the
+    tiny Swin's top-1 agreement was 0; over axis [-1] alone the same unit is right (68.2 dB).
+    """
+
+    rule_name = "reduce_unit_axes"
+    log_refusals = False
+
+    def validate(self, node: ir.Node) -> Any:
+        if _attr_int(node, "keepdims", 1) != 1:
+            return "keepdims=0 (the size-1 axes would be removed)"
+        shape = static_dims(node.inputs[0])
+        if shape is None:
+            return "the input's rank is not known"
+        from_input = len(node.inputs) > 1 and node.inputs[1] is not None
+        if from_input:
+            axes = const(node.inputs[1])
+            if axes is None:
+                return "the axes are not a constant"
+            axes = [int(a) for a in np.asarray(axes).ravel()]
+        else:
+            attr = node.attributes.get("axes")
+            axes = list(attr.as_ints()) if attr is not None else []
+        if not axes:
+            return "no axes (all, or none with noop_with_empty_axes)"
+        rank = len(shape)
+        axes = [a % rank for a in axes]
+        kept = [a for a in axes if shape[a] != 1]
+        if len(kept) == len(axes):
+            return "no axis of static size 1"
+        return node.inputs[0], kept, from_input
+
+    def replace(self, op, node: ir.Node, facts: Any) -> ir.Value:
+        x, kept, from_input = facts
+        base = _base(node)
+        if not kept:
+            return op.Identity(x, _name=node.name, _outputs=[base])
+        attrs = {k: v for k, v in node.attributes.items() if k != "axes"}
+        if from_input:
+            axes = op.initializer(ir.tensor(np.array(kept, np.int64), name=f"{base}_axes"))
+            return op.op(node.op_type, x, axes, **attrs, _name=node.name, _outputs=[base])
+        return op.op(node.op_type, x, axes=kept, **attrs, _name=node.name, _outputs=[base])
+
+
+class WholeMapAveragePoolToGlobal(HtpRule):
+    """An AveragePool whose window covers the whole map (no pads, one output position per
+    axis) -> GlobalAveragePool, exactly: both average every element (a window that
+    overhangs the map with ceil_mode averages only the elements inside it, as onnxruntime
+    and torch compute it).
+
+    HTP refuses such a pool: EfficientNet's head (`nn.AvgPool2d(1280, ceil_mode=True)` on a
+    2x2 map: kernel 320 in the tiny config) failed to load with `AveragePool with domain
+    com.ms.internal.nhwc ... was not selected by that EP`.
+    """
+
+    op_type = "AveragePool"
+    rule_name = "whole_map_average_pool"
+
+    def validate(self, node: ir.Node) -> Any:
+        shape = static_dims(node.inputs[0])
+        if shape is None or len(shape) < 3 or any(d is None for d in shape[2:]):
+            return "the input's spatial dims are not static"
+        if node.attributes.get_string("auto_pad", "NOTSET") not in ("NOTSET", ""):
+            return "auto_pad"
+        pads = node.attributes.get_ints("pads", [])
+        if any(pads):
+            return "padded"
+        if any(d != 1 for d in node.attributes.get_ints("dilations", []) or []):
+            return "dilated"
+        kernel = node.attributes.get_ints("kernel_shape", [])
+        spatial = shape[2:]
+        if len(kernel) != len(spatial) or any(k < d for k, d in zip(kernel, spatial, strict=True)):
+            return "the window does not cover the map"
+        strides = node.attributes.get_ints("strides", None) or [1] * len(kernel)
+        ceil = _attr_int(node, "ceil_mode", 0)
+        for d, k, st in zip(spatial, kernel, strides, strict=True):
+            size = (d - k + (st - 1 if ceil else 0)) // st + 1 if d >= k else (1 if ceil else 0)
+            if size != 1:
+                return "more than one output position"
+        return node.inputs[0]
+
+    def replace(self, op, node: ir.Node, facts: Any) -> ir.Value:
+        return op.GlobalAveragePool(facts, _name=node.name, _outputs=[_base(node)])
+
+
+class ReduceL2ToSqrtOfSum(HtpRule):
+    """ReduceL2(x) -> Sqrt(ReduceSum(x * x)) over the same axes (what ReduceL2 computes).
+
+    A quantized ReduceL2 fails HTP's graph finalize (QNN_COMMON_ERROR_MEM_ALLOC): ConvNeXt
+    V2's global response normalization (ReduceL2 -> ReduceMean -> Add -> Div) in a 12-node
+    w8a16 graph, and sentence embedders' L2 normalization; the same graph with the sum of
+    squares loads and agrees with the CPU EP (68.8 dB).
+    """
+
+    op_type = "ReduceL2"
+    rule_name = "reduce_l2_to_sqrt_of_sum"
+
+    def validate(self, node: ir.Node) -> Any:
+        if len(node.inputs) > 1 and node.inputs[1] is not None:
+            axes = const(node.inputs[1])
+            if axes is None:
+                return "the axes are not a constant"
+            return node.inputs[0], [int(a) for a in np.asarray(axes).ravel()]
+        attr = node.attributes.get("axes")
+        return node.inputs[0], list(attr.as_ints()) if attr is not None else []
+
+    def replace(self, op, node: ir.Node, facts: Any) -> ir.Value:
+        x, axes = facts
+        base = _base(node)
+        attrs = {k: v for k, v in node.attributes.items() if k != "axes"}
+        square = op.Mul(x, x, _name=f"{node.name}_square", _outputs=[f"{base}_square"])
+        inputs = [square]
+        if axes:
+            inputs.append(op.initializer(ir.tensor(np.array(axes, np.int64), name=f"{base}_axes")))
+        total = op.ReduceSum(*inputs, **attrs, _name=f"{node.name}_sum", _outputs=[f"{base}_sum"])
+        return op.Sqrt(total, _name=node.name, _outputs=[base])
+
+
 class MergeConstantChain(HtpRule):
     """op(op(x, A), B) -> op(x, A (*|+) B) for Mul/Div (product) and Add/Sub (sum) by
     constants, when the inner result has no other reader (what the scatter rewrites leave
