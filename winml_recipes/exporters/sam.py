@@ -19,8 +19,9 @@ The pixel size is fixed by the config; `batch` and `points` are dynamic. Image p
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -72,10 +73,45 @@ class SamArchitecture:
     mask_scale: int  # pred_masks side = mask_scale x the finest embedding's side
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    # Exact torch-level rewrites active while exporting (ops the NPU EPs refuse, written with
+    # the ops they take); the export's parity check still compares with the original model.
+    rewrites: Callable[[], contextlib.AbstractContextManager[None]] = field(
+        default=contextlib.nullcontext
+    )
 
     @property
     def decoder_inputs(self) -> tuple[str, ...]:
         return (*PROMPTS, *self.embeddings)
+
+
+def _decomposed_rel_pos(
+    self: Any, query: Any, rel_pos_h: Any, rel_pos_w: Any, q_size: Any, k_size: Any
+) -> Any:
+    """SamVisionAttention.get_decomposed_rel_pos with its two einsums as batched MatMuls
+    (QNN HTP refuses Einsum): bhwc,hkc->bhwk is q @ R_h^T batched over h, bhwc,wkc->bhwk
+    the same over w with q's h and w swapped. The same sums, so the same numbers."""
+    query_height, query_width = q_size
+    key_height, key_width = k_size
+    rel_h_table = self.get_rel_pos(query_height, key_height, rel_pos_h)  # [h, k, c]
+    rel_w_table = self.get_rel_pos(query_width, key_width, rel_pos_w)  # [w, k, c]
+    batch_size, _, dim = query.shape
+    q = query.reshape(batch_size, query_height, query_width, dim)
+    rel_h = q @ rel_h_table.transpose(1, 2)  # [b,h,w,c] @ [h,c,k] -> [b,h,w,k]
+    rel_w = (q.transpose(1, 2) @ rel_w_table.transpose(1, 2)).transpose(1, 2)
+    return rel_h[:, :, :, :, None] + rel_w[:, :, :, None, :]
+
+
+@contextlib.contextmanager
+def _sam_without_einsum() -> Iterator[None]:
+    from transformers.models.sam import modeling_sam
+
+    cls = modeling_sam.SamVisionAttention
+    original = cls.get_decomposed_rel_pos
+    cls.get_decomposed_rel_pos = _decomposed_rel_pos
+    try:
+        yield
+    finally:
+        cls.get_decomposed_rel_pos = original
 
 
 ARCHITECTURES: dict[str, SamArchitecture] = {
@@ -116,6 +152,7 @@ ARCHITECTURES: dict[str, SamArchitecture] = {
             mask_scale=4,  # SAM's mask decoder upscales its embedding 4x
             mean=IMAGENET_MEAN,
             std=IMAGENET_STD,
+            rewrites=_sam_without_einsum,
         ),
     )
 }
@@ -234,14 +271,15 @@ def export(arch: SamArchitecture, req: ExportRequest) -> ExportOutput:
     b = _TRACE_BATCH
     if req.component == "vision_encoder":
         pixel_values = torch.rand(b, 3, size, size, generator=gen) * 2 - 1
-        return torch_export(
-            _vision_module(model),
-            (pixel_values,),
-            input_names=VISION_INPUTS,
-            output_names=arch.embeddings,
-            dynamic_shapes=({0: "batch"},),
-            opset=req.opset,
-        )
+        with arch.rewrites():
+            return torch_export(
+                _vision_module(model),
+                (pixel_values,),
+                input_names=VISION_INPUTS,
+                output_names=arch.embeddings,
+                dynamic_shapes=({0: "batch"},),
+                opset=req.opset,
+            )
     points = torch.rand(b, 1, _TRACE_POINTS, 2, generator=gen) * size
     labels = torch.tensor([[[1, 0, 1]]], dtype=torch.int64).repeat(b, 1, 1)  # fg, bg, fg
     boxes = torch.tensor([[[0.1, 0.2, 0.7, 0.9]]]).repeat(b, 1, 1) * size
@@ -294,7 +332,7 @@ def catalog_components(
                     "dtype": "float32",
                     "shape": ["batch", 3, size, size],
                     "range": [round(low, 4), round(high, 4)],
-                    "image": {"size": size, "mean": mean, "std": std},
+                    "image": {"size": size, "mean": mean, "std": std, "layout": "NCHW"},
                 }
             },
             "outputs": {
