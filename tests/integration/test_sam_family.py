@@ -127,7 +127,7 @@ def test_init_folder_builds_npu_w8a16_on_htp_judged_by_mask_iou(folders, kind) -
         verify = _task(result, comp)
         assert verify["verified_on"] == "qnn-htp" and verify["cpu_fallback_allowed"] is False
         assert set(verify["placement"]["nodes"]) == {"QNNExecutionProvider"}
-    task = _task(result)["task"]
+    task = _task(result)["task_metric"]
     assert task["metric"] == "mask-agreement"
     assert task["values"]["mask_iou"] >= 0.9, task
     assert task["values"]["chosen_mask_agreement"] >= 0.9, task
@@ -141,7 +141,7 @@ def test_init_folder_builds_npu_w8a16_on_htp_judged_by_mask_iou(folders, kind) -
 def test_init_folder_builds_cpu_int8_judged_by_mask_iou(folders, kind) -> None:
     result = api.build(folders / "recipes" / f"{kind}.yaml", device="cpu", precision="int8",
                        output_root=folders / "out")  # fmt: skip
-    task = _task(result)["task"]
+    task = _task(result)["task_metric"]
     assert task["values"]["mask_iou"] >= 0.9, task
 
 
@@ -153,7 +153,7 @@ def test_sam2_tiny_recipe_builds_on_htp_and_runs_on_a_photo_with_a_point(tmp_pat
 
     result = api.build(RECIPES / "sam2.1-tiny.yaml", device="npu", precision="w8a16",
                        output_root=tmp_path / "out")  # fmt: skip
-    assert _task(result)["task"]["values"]["mask_iou"] >= 0.9
+    assert _task(result)["task_metric"]["values"]["mask_iou"] >= 0.9
     run = cli_subprocess("run", result.output_dir, "--image", sample_photo(),
                          "--point", "40,60", "--json")  # fmt: skip
     assert run.returncode == 0, run.stderr

@@ -240,7 +240,7 @@ def _decoder_module(model: Any, arch: SamArchitecture) -> Any:
 
         return PromptEncoderMaskDecoder(model)
 
-    class PromptEncoderMaskDecoder(torch.nn.Module):  # noqa: F811  (one per arity)
+    class PromptEncoderMaskDecoder(torch.nn.Module):
         def __init__(self, inner: Any) -> None:
             super().__init__()
             self.inner = inner
@@ -300,9 +300,7 @@ def export(arch: SamArchitecture, req: ExportRequest) -> ExportOutput:
     )
 
 
-def catalog_components(
-    config: Any, preprocessor: dict | None = None
-) -> dict[str, dict[str, Any]]:
+def catalog_components(config: Any, preprocessor: dict | None = None) -> dict[str, dict[str, Any]]:
     """Catalog components (I/O contract and dims) for a SAM-style config, without weights;
     mean/std from `preprocessor` (a preprocessor_config.json) when it gives them."""
     arch = BY_MODEL_TYPE[config.model_type]
