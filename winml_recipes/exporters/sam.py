@@ -88,7 +88,7 @@ def _decomposed_rel_pos(
     self: Any, query: Any, rel_pos_h: Any, rel_pos_w: Any, q_size: Any, k_size: Any
 ) -> Any:
     """SamVisionAttention.get_decomposed_rel_pos with its two einsums as batched MatMuls
-    (QNN HTP refuses Einsum): bhwc,hkc->bhwk is q @ R_h^T batched over h, bhwc,wkc->bhwk
+    (an NPU EP refuses Einsum): bhwc,hkc->bhwk is q @ R_h^T batched over h, bhwc,wkc->bhwk
     the same over w with q's h and w swapped. The same sums, so the same numbers."""
     query_height, query_width = q_size
     key_height, key_width = k_size
