@@ -142,7 +142,8 @@ def test_init_folder_builds_cpu_int8_judged_by_mask_iou(folders, kind) -> None:
     result = api.build(folders / "recipes" / f"{kind}.yaml", device="cpu", precision="int8",
                        output_root=folders / "out")  # fmt: skip
     task = _task(result)["task_metric"]
-    assert task["values"]["mask_iou"] >= 0.9, task
+    assert task["values"]["mask_iou"] >= 0.85, task  # the partial's int8 gate
+    assert _task(result, "vision_encoder")["verified_on"] == "cpu"
 
 
 @pytest.mark.slow
