@@ -38,7 +38,8 @@ components:
 """
 
 
-BUILTIN = "; built-in: sam2.1-hiera-tiny, sam2.1-tiny, sam3, sam3-mid, sam3-tiny"
+BUILTIN_NAMES = ["sam2.1-hiera-tiny", "sam2.1-tiny", "sam3", "sam3-mid", "sam3-tiny"]
+BUILTIN = "; built-in: " + ", ".join(BUILTIN_NAMES)
 
 
 def write(directory: Path, name: str, text: str) -> Path:
@@ -57,7 +58,7 @@ def error_of(directory: Path, name: str) -> str:
 
 
 def test_repo_catalog_entries_load() -> None:
-    assert entry_names(CATALOG) == ["sam2.1-hiera-tiny", "sam2.1-tiny", "sam3", "sam3-mid", "sam3-tiny"]
+    assert entry_names(CATALOG) == BUILTIN_NAMES
     tiny = load_entry("sam3-tiny", CATALOG)
     assert list(tiny.components) == ["vision_encoder", "prompt_encoder_mask_decoder"]
     assert tiny.family == "sam3_tracker"
@@ -291,7 +292,7 @@ def test_default_catalog_dir(tmp_path: Path, monkeypatch) -> None:
 def test_builtin_entries_need_no_catalog_dir(tmp_path: Path, monkeypatch) -> None:
     """The built-in catalog ships inside the package: found from any folder."""
     monkeypatch.chdir(tmp_path)
-    assert entry_names() == ["sam2.1-hiera-tiny", "sam2.1-tiny", "sam3", "sam3-mid", "sam3-tiny"]
+    assert entry_names() == BUILTIN_NAMES
     tiny = load_entry("sam3-tiny")
     assert tiny.builtin and tiny.overrides is None
     assert tiny.path == builtin_catalog_dir() / "sam3-tiny.yaml"
@@ -307,7 +308,7 @@ def test_builtin_entries_need_no_catalog_dir(tmp_path: Path, monkeypatch) -> Non
 def test_project_entry_adds_to_and_overrides_the_builtins(tmp_path: Path) -> None:
     write(tmp_path, "tiny", GOOD)
     write(tmp_path, "sam3-tiny", GOOD.replace("name: tiny", "name: sam3-tiny"))
-    assert entry_names(tmp_path) == ["sam2.1-hiera-tiny", "sam2.1-tiny", "sam3", "sam3-mid", "sam3-tiny", "tiny"]
+    assert entry_names(tmp_path) == [*BUILTIN_NAMES, "tiny"]
     mine = load_entry("sam3-tiny", tmp_path)
     assert list(mine.components) == ["encoder"]  # the project's, not the built-in tracker
     assert mine.overrides == builtin_catalog_dir() / "sam3-tiny.yaml"
@@ -326,7 +327,7 @@ def test_cli_catalog_list_and_show(tmp_path: Path) -> None:
     result = cli("catalog", "list", "--catalog", tmp_path, "--json")
     assert result.exit_code == 0, result.stderr
     rows = {r["name"]: r for r in json.loads(result.stdout)}
-    assert list(rows) == ["sam2.1-hiera-tiny", "sam2.1-tiny", "sam3", "sam3-mid", "sam3-tiny", "tiny"]
+    assert list(rows) == [*BUILTIN_NAMES, "tiny"]
     assert rows["tiny"] == {
         "name": "tiny",
         "task": "feature-extraction",
