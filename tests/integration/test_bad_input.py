@@ -166,7 +166,8 @@ BAD_RECIPES = [
     pytest.param(
         HEAD.replace("model: mlp", "model: mpl"),
         r"{path}:4: \$\.model: unknown catalog entry 'mpl' \(did you mean 'mlp'\?\); "
-        r"entries in {catalog}: mlp; built-in: sam3, sam3-mid, sam3-tiny",
+        r"entries in {catalog}: mlp; built-in: sam2.1-hiera-tiny, sam2.1-tiny, sam3, sam3-mid, "
+        r"sam3-tiny",
         id="unknown-catalog-entry",
     ),
     pytest.param(

@@ -252,6 +252,8 @@ def test_convnext_matches_torch(convnext, batch):
 def test_families_table():
     assert {name: family.components for name, family in families().items()} == {
         "sam3_tracker": ("vision_encoder", "prompt_encoder_mask_decoder"),
+        "sam2": ("vision_encoder", "prompt_encoder_mask_decoder"),
+        "sam": ("vision_encoder", "prompt_encoder_mask_decoder"),
         "auto": ("model",),
     }
 

@@ -645,7 +645,8 @@ def test_unknown_catalog_entry(project: Path) -> None:
     path = write(project, HEAD.replace("model: tiny", "model: tinny"))
     assert error(path) == (
         f"{path}:3: $.model: unknown catalog entry 'tinny' (did you mean 'tiny'?); entries in "
-        f"{project / 'catalog'}: tiny; built-in: sam3, sam3-mid, sam3-tiny"
+        f"{project / 'catalog'}: tiny; built-in: sam2.1-hiera-tiny, sam2.1-tiny, sam3, "
+        "sam3-mid, sam3-tiny"
     )
 
 
@@ -653,7 +654,8 @@ def test_templated_unknown_catalog_entry(project: Path) -> None:
     path = write(project, HEAD.replace("model: tiny", "model: '{{ m }}'"))
     assert error(path, defines={"m": "tinny"}) == (
         f"{path}:3: $.model: unknown catalog entry 'tinny' (did you mean 'tiny'?); entries in "
-        f"{project / 'catalog'}: tiny; built-in: sam3, sam3-mid, sam3-tiny"
+        f"{project / 'catalog'}: tiny; built-in: sam2.1-hiera-tiny, sam2.1-tiny, sam3, "
+        "sam3-mid, sam3-tiny"
     )
 
 

@@ -48,6 +48,10 @@ class ExportPass(Pass[ExportConfig]):
     def run(
         self, src: Path | None, out_dir: Path, config: ExportConfig, ctx: StepContext
     ) -> StepResult:
+        # The built-in families by name, so that their code is in this pass's cache key
+        # (families load through entry points, which code_digest cannot follow).
+        import winml_recipes.exporters.auto
+        import winml_recipes.exporters.sam  # noqa: F401
         from winml_recipes.exporters import ExportRequest, export_with_parity
         from winml_recipes.sdk.models import save_model, write_stamp
 
