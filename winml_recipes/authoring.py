@@ -496,7 +496,7 @@ def _init_export_project(
 
     A folder that ships code (`auto_map`, a .py file) is refused before transformers sees
     it; its config files are read within bounds (`modelfolder`)."""
-    from winml_recipes.exporters import auto, sam3_tracker
+    from winml_recipes.exporters import auto, heads, sam3_tracker, towers
     from winml_recipes.modelfolder import check_config_file, check_folder
     from winml_recipes.sources import LocalHfDir
 
@@ -520,6 +520,11 @@ def _init_export_project(
         if config.model_type == "sam3_tracker":
             family, task = "sam3_tracker", "mask-generation"
             components = sam3_tracker.catalog_components(config)
+        elif heads.is_two_tower(config):  # CLIP / SigLIP: text tower + vision tower
+            family, task = "two_tower", towers.TASK
+            components = towers.catalog_components(
+                config, preprocessor, config_path=config_path, source=preprocessor_path
+            )
         else:
             family, task = "auto", auto.task_of(config)
             components = auto.catalog_components(

@@ -313,12 +313,16 @@ class VerifyPass(Pass[VerifyConfig]):
                 )
         if isinstance(factory, UpstreamFeeds):
             record["upstream_forwards"] = {"computed": factory.computed, "reused": factory.reused}
+        task = _task_metric(ctx, config, reference, target.outputs)
         if config.compare_simulation and target.verified_on not in ("cpu", "cpu-simulation"):
-            simulated = compare_runs(reference, run_model(src, feeds))
-            record["cpu_simulation"] = {"outputs": simulated}
+            simulated_outputs = run_model(src, feeds)
+            record["cpu_simulation"] = {"outputs": compare_runs(reference, simulated_outputs)}
+            if task is not None:  # the task metric where the target and the simulation differ
+                simulated_task = _task_metric(ctx, config, reference, simulated_outputs)
+                assert simulated_task is not None
+                record["cpu_simulation"]["task_metric"] = simulated_task[0]["values"]
         record["outputs"] = metrics
         gates = _gates(metrics, config)
-        task = _task_metric(ctx, config, reference, target.outputs)
         if task is not None:
             record["task_metric"], task_gates = task
             if config.task_decides and task_gates:
