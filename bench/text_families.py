@@ -30,8 +30,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 FOLDERS = Path(tempfile.gettempdir()) / "winml-text-families"
 TIMEOUT = 1500
-PROMPTS = ["a photo of a cat", "a photo of coins", "a rocket on a launch pad", "printed text",
-           "an eye's retina", "a street at night", "a bowl of soup", "a mountain lake"]  # fmt: skip
 
 
 def _first(text: str) -> str:
@@ -88,62 +86,10 @@ def cell(arch: str, target: str, tool_path: str | None) -> dict:
         row["build"] = manifest.get("status", "ok")
         row["components"] = {c: _metric(s) for c, s in manifest["components"].items()}
         if entry.get("family") == "two_tower":
-            row["zero_shot"] = zero_shot(work / "out" / arch / f"{device}-{precision}", device,
-                                         work / "catalog" / f"{arch}.yaml")  # fmt: skip
+            build = work / "out" / arch / f"{device}-{precision}"
+            catalog = work / "catalog" / f"{arch}.yaml"
+            row["zero_shot"] = text_families.zero_shot(build, device, catalog)
     return row
-
-
-def zero_shot(build: Path, device: str, catalog_path: Path) -> dict:
-    """Top-1 agreement of the two built towers' image-text similarities with the float
-    towers' on the bundled held-out photographs and PROMPTS (word ids: the tiny models
-    have no trained tokenizer)."""
-    import numpy as np
-
-    from winml_recipes.bundled import bundled_images
-    from winml_recipes.catalog import entry_from_text
-    from winml_recipes.feeds import from_images
-    from winml_recipes.metrics.zeroshot import zero_shot_agreement
-    from winml_recipes.runtime.sessions import run_model
-    from winml_recipes.runtime.target import run_on_target
-
-    entry = entry_from_text(catalog_path.read_text(), catalog_path)
-    vision = entry.components["vision_model"].contract
-    text = entry.components["text_model"].contract
-    photos = list(bundled_images("heldout"))
-    images = list(from_images(photos, vision, len(photos), 0)())
-    texts = prompt_feeds(PROMPTS, text)
-    out = {}
-    for who in ("float", "target"):
-        embeds = []
-        for comp, feeds in (("vision_model", images), ("text_model", texts)):
-            if who == "float":
-                got = run_model(build / "float-reference" / comp / "model.onnx", feeds)
-            else:
-                got = run_on_target(build / comp / "model.onnx", feeds, device).outputs
-            embeds.append(np.concatenate([next(iter(g.values())) for g in got]))
-        out[who] = tuple(embeds)
-    return zero_shot_agreement(out["float"], out["target"])
-
-
-def prompt_feeds(prompts: list[str], contract) -> list[dict]:
-    """Each prompt as word ids (a stable hash of each word into the vocabulary), padded to
-    the component's sequence length, with the inputs the text graph takes."""
-    import zlib
-
-    import numpy as np
-
-    length = int(contract.dims.get("sequence", 16))
-    ids_spec = next(s for s in contract.inputs if s.name == "input_ids")
-    vocab = int(ids_spec.range[1]) if ids_spec.range else 100
-    feeds = []
-    for prompt in prompts:
-        words = [3 + zlib.crc32(w.encode()) % (vocab - 3) for w in prompt.split()][: length - 2]
-        ids = np.zeros(length, np.int64)
-        ids[0], ids[1 : len(words) + 1], ids[len(words) + 1] = 1, words, 2
-        mask = (np.arange(length) <= len(words) + 1).astype(np.int64)
-        feed = {"input_ids": ids[None], "attention_mask": mask[None]}
-        feeds.append({s.name: feed[s.name] for s in contract.inputs})
-    return feeds
 
 
 def main() -> None:

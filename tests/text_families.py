@@ -136,3 +136,62 @@ def saved(arch: str, root: Path) -> Path:
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(tmp, folder)
     return folder
+
+
+# --------------------------------------------------------------------------- zero-shot
+
+PROMPTS = ["a photo of a cat", "a photo of coins", "a rocket on a launch pad", "printed text",
+           "an eye's retina", "a street at night", "a bowl of soup", "a mountain lake"]  # fmt: skip
+
+
+def zero_shot(build: Path, device: str, catalog_path: Path) -> dict:
+    """Top-1 agreement of the two built towers' image-text similarities with the float
+    towers' on the bundled held-out photographs and PROMPTS (word ids: the tiny models
+    have no trained tokenizer)."""
+    import numpy as np
+
+    from winml_recipes.bundled import bundled_images
+    from winml_recipes.catalog import entry_from_text
+    from winml_recipes.feeds import from_images
+    from winml_recipes.metrics.zeroshot import zero_shot_agreement
+    from winml_recipes.runtime.sessions import run_model
+    from winml_recipes.runtime.target import run_on_target
+
+    entry = entry_from_text(catalog_path.read_text(), catalog_path)
+    vision = entry.components["vision_model"].contract
+    text = entry.components["text_model"].contract
+    photos = list(bundled_images("heldout"))
+    images = list(from_images(photos, vision, len(photos), 0)())
+    texts = prompt_feeds(PROMPTS, text)
+    out = {}
+    for who in ("float", "target"):
+        embeds = []
+        for comp, feeds in (("vision_model", images), ("text_model", texts)):
+            if who == "float":
+                got = run_model(build / "float-reference" / comp / "model.onnx", feeds)
+            else:
+                got = run_on_target(build / comp / "model.onnx", feeds, device).outputs
+            embeds.append(np.concatenate([next(iter(g.values())) for g in got]))
+        out[who] = tuple(embeds)
+    return zero_shot_agreement(out["float"], out["target"])
+
+
+def prompt_feeds(prompts: list[str], contract) -> list[dict]:
+    """Each prompt as word ids (a stable hash of each word into the vocabulary), padded to
+    the component's sequence length, with the inputs the text graph takes."""
+    import zlib
+
+    import numpy as np
+
+    length = int(contract.dims.get("sequence", 16))
+    ids_spec = next(s for s in contract.inputs if s.name == "input_ids")
+    vocab = int(ids_spec.range[1]) if ids_spec.range else 100
+    feeds = []
+    for prompt in prompts:
+        words = [3 + zlib.crc32(w.encode()) % (vocab - 3) for w in prompt.split()][: length - 2]
+        ids = np.zeros(length, np.int64)
+        ids[0], ids[1 : len(words) + 1], ids[len(words) + 1] = 1, words, 2
+        mask = (np.arange(length) <= len(words) + 1).astype(np.int64)
+        feed = {"input_ids": ids[None], "attention_mask": mask[None]}
+        feeds.append({s.name: feed[s.name] for s in contract.inputs})
+    return feeds

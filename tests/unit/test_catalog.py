@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CATALOG, cli
+from tests.conftest import BUILTIN_NAMES, CATALOG, cli
 from winml_recipes.catalog import (
     CATALOG_ENV,
     builtin_catalog_dir,
@@ -38,7 +38,7 @@ components:
 """
 
 
-BUILTIN = "; built-in: sam3, sam3-mid, sam3-tiny"
+BUILTIN = "; built-in: " + ", ".join(BUILTIN_NAMES)
 
 
 def write(directory: Path, name: str, text: str) -> Path:

@@ -61,12 +61,10 @@ def modality_of(cls: Any) -> str | None:
 
 
 def sub_configs(config: Any) -> list[str]:
-    """The names of the nested model configs (text_config, vision_config, ...)."""
-    names = []
-    for key, value in vars(config).items():
-        if key.endswith("_config") and hasattr(value, "model_type"):
-            names.append(key)
-    return sorted(names)
+    """The names of the nested model configs (text_config, vision_config, encoder, ...)."""
+    from transformers import PretrainedConfig
+
+    return sorted(k for k, v in vars(config).items() if isinstance(v, PretrainedConfig))
 
 
 def is_two_tower(config: Any) -> bool:
