@@ -76,22 +76,41 @@ def test_init_reads_the_towers_sizes_and_preprocessing(folders, tmp_path, monkey
     assert text["inputs"]["input_ids"]["range"] == [0, 256]  # text_config.vocab_size
 
 
-def test_init_refuses_a_model_of_sub_models_in_one_line(tmp_path, monkeypatch) -> None:
-    """An encoder-decoder of two configs is no graph init can write: refused by init, one
-    line naming its parts, nothing written."""
+def _encoder_decoder():
     from transformers import BertConfig, VisionEncoderDecoderConfig, ViTConfig
 
-    monkeypatch.chdir(tmp_path)
     config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(
         ViTConfig(hidden_size=32), BertConfig(hidden_size=32)
     )
     config.architectures = ["VisionEncoderDecoderModel"]
-    config.save_pretrained(tmp_path / "ved")
-    result = cli("init", "./ved")
+    return config
+
+
+def _resnet_backbone():
+    from transformers import ResNetConfig
+
+    config = ResNetConfig(hidden_sizes=[16, 32], depths=[1, 1])
+    config.architectures = ["ResNetModel"]
+    return config
+
+
+@pytest.mark.parametrize(
+    "make, says",
+    [
+        (_encoder_decoder, "VisionEncoderDecoderModel is made of 2 sub-models (decoder, encoder)"),
+        (_resnet_backbone, "ResNetModel is an image backbone without hidden_size and patch_size"),
+    ],
+)
+def test_init_refuses_what_it_cannot_serve_in_one_line(make, says, tmp_path, monkeypatch) -> None:
+    """An encoder-decoder of two configs, a CNN backbone with no token layout: refused by
+    init (never guessed into text features), one line naming what is missing, nothing
+    written."""
+    monkeypatch.chdir(tmp_path)
+    make().save_pretrained(tmp_path / "model")
+    result = cli("init", "./model")
     assert result.exit_code != 0
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "VisionEncoderDecoderModel" in lines[0], result.stderr
-    assert "sub-models (decoder, encoder)" in lines[0]
+    assert len(lines) == 1 and says in lines[0], result.stderr
     assert not (tmp_path / "catalog").exists()
 
 

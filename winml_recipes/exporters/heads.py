@@ -91,6 +91,12 @@ def head_task(config: Any, task: str, modality: str) -> str:
     if takes == modality:
         return task
     if task == "feature-extraction" and takes == "image":
+        if not (getattr(config, "hidden_size", 0) and getattr(config, "patch_size", 0)):
+            raise SourceError(
+                f"architecture {archs[0]} is an image backbone without hidden_size and "
+                "patch_size; image-feature-extraction here is for ViT-style backbones "
+                "(tokens of hidden_size): use its *ForImageClassification head instead"
+            )
         return "image-feature-extraction"
     main = getattr(cls, "main_input_name", "?")
     raise SourceError(
