@@ -92,6 +92,70 @@ def cell(arch: str, target: str, tool_path: str | None) -> dict:
     return row
 
 
+CLASSES = {
+    "dinov2": "Dinov2Model", "siglip-vision": "SiglipVisionModel",
+    "clip-vision-projection": "CLIPVisionModelWithProjection", "clip": "CLIPModel",
+    "siglip": "SiglipModel", "distilbert-qa": "DistilBertForQuestionAnswering",
+    "bert-token": "BertForTokenClassification", "bge": "BertModel (BGE-style)",
+    "t5-encoder": "T5EncoderModel", "deberta-v3": "DebertaV2ForSequenceClassification (v3)",
+}  # fmt: skip
+GATED = {
+    "embedding-cosine": "cosine_worst",
+    "span-agreement": "span_agreement",
+    "token-label-agreement": "token_agreement",
+    "top-k-agreement": "top1_agreement",
+}
+
+
+def _cell_text(row: dict | None) -> str:
+    """One build's status: its gated task value on the target (/ CPU simulation)."""
+    if row is None:
+        return "-"
+    if row.get("init") != "ok":
+        return "init refused"
+    if row.get("build") != "ok":
+        text = str(row.get("build", row.get("error", "?")))
+        text = text.split("]: ", 1)[-1].replace("error: ", "").replace("auto/model: ", "")
+        return "fails: " + text.split("; evidence kept")[0][:90].replace("|", "/")
+    parts = []
+    for comp in row["components"].values():
+        key = GATED.get(comp["metric"])
+        if key is None or not comp["target"]:
+            parts.append(comp["metric"])
+            continue
+        text = f"{key} {comp['target'][key]:.3f}"
+        if comp.get("simulation"):
+            text += f" (sim {comp['simulation'][key]:.3f})"
+        parts.append(text)
+    if "zero_shot" in row:
+        parts.append(f"zero-shot top1 {row['zero_shot']['top1_agreement']:.2f}")
+    return "; ".join(parts) + f"; {row['seconds']:.0f} s, {row['peak_mb']} MB"
+
+
+def table(before: list[dict], after: list[dict]) -> str:
+    """The README's table: per architecture, init and both targets, before and after."""
+
+    def index(rows: list[dict]) -> dict:
+        return {(r["arch"], r["target"]): r for r in rows}
+
+    b, a = index(before), index(after)
+    lines = [
+        "| architecture | init before | init after (task) | npu/w8a16 after: HTP (CPU sim) | "
+        "cpu/int8 after | npu/w8a16 before |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arch, cls in CLASSES.items():
+        first_b = b.get((arch, "npu/w8a16"), {})
+        first_a = a.get((arch, "npu/w8a16"), {})
+        init_b = first_b.get("task", "-") if first_b.get("init", "ok") == "ok" else "refused"
+        init_a = first_a.get("task", "-") if first_a.get("init", "ok") == "ok" else "refused"
+        lines.append(
+            f"| {cls} | {init_b} | {init_a} | {_cell_text(a.get((arch, 'npu/w8a16')))} | "
+            f"{_cell_text(a.get((arch, 'cpu/int8')))} | {_cell_text(first_b or None)} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     from tests import text_families
 
@@ -101,7 +165,12 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--tool-path")
     ap.add_argument("--cell", nargs=2)
+    ap.add_argument("--table", nargs=2, metavar=("BEFORE_JSON", "AFTER_JSON"))
     args = ap.parse_args()
+    if args.table:
+        rows = [json.loads(Path(p).read_text()) for p in args.table]
+        print(table(*rows))
+        return
     if args.cell:
         print(json.dumps(cell(*args.cell, args.tool_path)))
         return
