@@ -26,14 +26,21 @@ def zero_shot_agreement(
     reference: tuple[np.ndarray, np.ndarray], candidate: tuple[np.ndarray, np.ndarray]
 ) -> dict[str, float]:
     """(image_embeds, text_embeds) of the float towers and of the target's: top1_agreement
-    of the labels, and the worst image's similarity margin lost (how close a flip was)."""
+    of the labels; similarity_max_abs, the largest change of an image-prompt similarity;
+    flip_margin_max, the largest float margin (best minus second-best similarity) among the
+    images whose label changed (0 without a change): a change of at most e in every
+    similarity can only flip a margin below 2e, so a flip above that is not noise."""
     want = labels(*reference)
     got = labels(*candidate)
     ref_sim = _unit(reference[0]) @ _unit(reference[1]).T
     cand_sim = _unit(candidate[0]) @ _unit(candidate[1]).T
+    ranked = np.sort(ref_sim, axis=1)
+    margins = ranked[:, -1] - ranked[:, -2] if ref_sim.shape[1] > 1 else ranked[:, -1]
+    flipped = margins[want != got]
     return {
         "top1_agreement": float(np.mean(want == got)),
         "similarity_max_abs": float(np.max(np.abs(ref_sim - cand_sim))),
+        "flip_margin_max": float(flipped.max()) if flipped.size else 0.0,
         "images": float(len(want)),
         "labels": float(ref_sim.shape[1]),
     }
