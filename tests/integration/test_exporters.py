@@ -253,6 +253,7 @@ def test_families_table():
     assert {name: family.components for name, family in families().items()} == {
         "sam3_tracker": ("vision_encoder", "prompt_encoder_mask_decoder"),
         "auto": ("model",),
+        "two_tower": ("text_model", "vision_model"),
     }
 
 
