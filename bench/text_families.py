@@ -121,7 +121,7 @@ def _cell_text(row: dict | None) -> str:
     for comp in row["components"].values():
         key = GATED.get(comp["metric"])
         if key is None or not comp["target"]:
-            parts.append(comp["metric"])
+            parts.append("built, per-output gates only (no task metric)")
             continue
         text = f"{key} {comp['target'][key]:.3f}"
         if comp.get("simulation"):
