@@ -25,6 +25,8 @@ RECIPES = REPO / "recipes"
 # The built-in catalog and partials ship inside the package (winml_recipes/data).
 DATA = REPO / "winml_recipes" / "data"
 CATALOG = DATA / "catalog"
+# the built-in entries as `catalog list` and "unknown entry" errors name them
+BUILTIN_NAMES = sorted(p.stem for p in CATALOG.glob("*.yaml"))
 PARTIALS = DATA / "partials"
 
 

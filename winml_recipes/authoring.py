@@ -563,7 +563,7 @@ def _init_export_project(
 
     A folder that ships code (`auto_map`, a .py file) is refused before transformers sees
     it; its config files are read within bounds (`modelfolder`)."""
-    from winml_recipes.exporters import auto, sam
+    from winml_recipes.exporters import auto, heads, sam, towers
     from winml_recipes.modelfolder import check_config_file, check_folder
     from winml_recipes.sources import LocalHfDir
 
@@ -588,6 +588,11 @@ def _init_export_project(
         if config.model_type in sam.BY_MODEL_TYPE:  # SAM, SAM 2.1, SAM 3 tracker
             family, task = sam.BY_MODEL_TYPE[config.model_type].family, "mask-generation"
             components = sam.catalog_components(config, preprocessor)
+        elif heads.is_two_tower(config):  # CLIP / SigLIP: text tower + vision tower
+            family, task = "two_tower", towers.TASK
+            components = towers.catalog_components(
+                config, preprocessor, config_path=config_path, source=preprocessor_path
+            )
         else:
             family, task = "auto", auto.task_of(config)
             components = auto.catalog_components(

@@ -239,6 +239,14 @@ def _exporter_families() -> list[str]:
     return list(families())
 
 
+def _component_tasks() -> list[str]:
+    """The tasks a component's export can name: the auto exporter's, and the two-tower
+    model's (its towers)."""
+    from winml_recipes.exporters.auto import TASKS
+
+    return list(TASKS)
+
+
 def catalog_schema() -> dict[str, Any]:
     source = {
         "type": "object",
@@ -270,18 +278,9 @@ def catalog_schema() -> dict[str, Any]:
                 "additionalProperties": source,
             },
             "task": {
-                "enum": [
-                    "feature-extraction",
-                    "text-classification",
-                    "token-classification",
-                    "fill-mask",
-                    "text-generation",
-                    "image-classification",
-                    "audio-classification",
-                    "audio-feature-extraction",
-                    "automatic-speech-recognition",
-                ],
-                "description": "auto family: the task (and head) to export.",
+                "enum": _component_tasks(),
+                "description": "auto family: the task (and head) to export; two_tower: "
+                "each tower's (text-embedding, image-embedding).",
             },
             "dims": _dims_schema(),
             "inputs": {

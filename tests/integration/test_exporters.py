@@ -255,6 +255,7 @@ def test_families_table():
         "sam2": ("vision_encoder", "prompt_encoder_mask_decoder"),
         "sam": ("vision_encoder", "prompt_encoder_mask_decoder"),
         "auto": ("model",),
+        "two_tower": ("text_model", "vision_model"),
     }
 
 
@@ -364,7 +365,7 @@ def test_auto_keeps_the_task_head(arch, config, task, output, shape) -> None:
     _close(got, ref, arch)
 
 
-@pytest.mark.parametrize("arch", ["BertForQuestionAnswering", "T5ForConditionalGeneration"])
+@pytest.mark.parametrize("arch", ["BertForNextSentencePrediction", "T5ForConditionalGeneration"])
 def test_auto_refuses_a_head_it_cannot_export(arch) -> None:
     import transformers
 

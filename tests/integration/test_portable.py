@@ -19,7 +19,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from tests.conftest import DATA, MLP_CATALOG, REPO, make_mlp_onnx
+from tests.conftest import BUILTIN_NAMES, DATA, MLP_CATALOG, REPO, make_mlp_onnx
 
 # Unimportable for everyone (Windows has neither), and for winml_recipes' own modules.
 EVERYWHERE = ("fcntl", "termios")
@@ -59,7 +59,7 @@ def test_catalog_list_outside_the_repo_shows_the_builtins(tmp_path) -> None:
     result = installed_cli("catalog", "list", cwd=work)
     assert result.returncode == 0, result.stderr
     rows = {line.split()[0]: line for line in result.stdout.splitlines()}
-    assert set(rows) == {"sam3", "sam3-mid", "sam3-tiny"}
+    assert set(rows) == set(BUILTIN_NAMES)
     assert rows["sam3-tiny"].endswith(" built-in")
     shown = installed_cli("catalog", "show", "sam3-tiny", "--json", cwd=work)
     assert json.loads(shown.stdout)["components"]["vision_encoder"]["source"]["seed"] == 0
@@ -192,7 +192,7 @@ def test_an_installed_wheel_works_from_any_folder(wheel: Path, tmp_path) -> None
         assert result.returncode == 0, result.stderr
         module, names, entry, options = result.stdout.splitlines()
         assert Path(module).is_relative_to(where), module  # not this checkout
-        assert names == "sam3,sam3-mid,sam3-tiny"
+        assert names == ",".join(BUILTIN_NAMES)
         assert not Path(entry).is_relative_to(REPO)
         assert options == "{'min_sqnr_db': 60, 'min_cosine': 0.9999, 'samples': 2}"
 

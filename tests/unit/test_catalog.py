@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CATALOG, cli
+from tests.conftest import BUILTIN_NAMES, CATALOG, cli
 from winml_recipes.catalog import (
     CATALOG_ENV,
     builtin_catalog_dir,
@@ -38,8 +38,7 @@ components:
 """
 
 
-# every built-in entry, as the messages list them (other tests check which ones exist)
-BUILTIN = "; built-in: " + ", ".join(entry_names(CATALOG))
+BUILTIN = "; built-in: " + ", ".join(BUILTIN_NAMES)
 
 
 def write(directory: Path, name: str, text: str) -> Path:
@@ -58,9 +57,10 @@ def error_of(directory: Path, name: str) -> str:
 
 
 def test_repo_catalog_entries_load() -> None:
-    names = entry_names(CATALOG)
-    assert names == sorted(names)
-    assert {"sam2.1-hiera-tiny", "sam2.1-tiny", "sam3", "sam3-mid", "sam3-tiny"} <= set(names)
+    assert entry_names(CATALOG) == BUILTIN_NAMES
+    assert {"sam2.1-tiny", "sam3", "sam3-mid", "sam3-tiny"} <= set(BUILTIN_NAMES)
+    for name in BUILTIN_NAMES:  # every shipped entry loads and validates
+        load_entry(name, CATALOG)
     tiny = load_entry("sam3-tiny", CATALOG)
     assert list(tiny.components) == ["vision_encoder", "prompt_encoder_mask_decoder"]
     assert tiny.family == "sam3_tracker"
@@ -294,7 +294,7 @@ def test_default_catalog_dir(tmp_path: Path, monkeypatch) -> None:
 def test_builtin_entries_need_no_catalog_dir(tmp_path: Path, monkeypatch) -> None:
     """The built-in catalog ships inside the package: found from any folder."""
     monkeypatch.chdir(tmp_path)
-    assert entry_names() == entry_names(CATALOG)
+    assert entry_names() == BUILTIN_NAMES
     tiny = load_entry("sam3-tiny")
     assert tiny.builtin and tiny.overrides is None
     assert tiny.path == builtin_catalog_dir() / "sam3-tiny.yaml"
@@ -303,14 +303,14 @@ def test_builtin_entries_need_no_catalog_dir(tmp_path: Path, monkeypatch) -> Non
         load_entry("sam3-tinny")
     assert str(exc.value) == (
         "unknown catalog entry 'sam3-tinny' (did you mean 'sam3-tiny'?); entries in "
-        + BUILTIN.removeprefix("; ")
+        "built-in: " + ", ".join(BUILTIN_NAMES)
     )
 
 
 def test_project_entry_adds_to_and_overrides_the_builtins(tmp_path: Path) -> None:
     write(tmp_path, "tiny", GOOD)
     write(tmp_path, "sam3-tiny", GOOD.replace("name: tiny", "name: sam3-tiny"))
-    assert entry_names(tmp_path) == sorted([*entry_names(CATALOG), "tiny"])
+    assert entry_names(tmp_path) == sorted([*BUILTIN_NAMES, "tiny"])
     mine = load_entry("sam3-tiny", tmp_path)
     assert list(mine.components) == ["encoder"]  # the project's, not the built-in tracker
     assert mine.overrides == builtin_catalog_dir() / "sam3-tiny.yaml"
@@ -329,7 +329,7 @@ def test_cli_catalog_list_and_show(tmp_path: Path) -> None:
     result = cli("catalog", "list", "--catalog", tmp_path, "--json")
     assert result.exit_code == 0, result.stderr
     rows = {r["name"]: r for r in json.loads(result.stdout)}
-    assert list(rows) == sorted([*entry_names(CATALOG), "tiny"])
+    assert list(rows) == sorted([*BUILTIN_NAMES, "tiny"])
     assert rows["tiny"] == {
         "name": "tiny",
         "task": "feature-extraction",
@@ -340,10 +340,11 @@ def test_cli_catalog_list_and_show(tmp_path: Path) -> None:
     }
     assert rows["sam3"]["overrides"] == str(builtin_catalog_dir() / "sam3.yaml")
     assert rows["sam3-tiny"]["builtin"] and rows["sam3-tiny"]["overrides"] is None
-    lines = cli("catalog", "list", "--catalog", tmp_path).stdout.splitlines()
-    line = {row.split()[0]: row for row in lines}
-    assert line["sam3"].endswith(f"{tmp_path / 'sam3.yaml'} (overrides the built-in)")
-    assert line["sam3-tiny"].endswith(" built-in")
+    listed = cli("catalog", "list", "--catalog", tmp_path).stdout.splitlines()
+    lines = {line.split()[0]: line for line in listed}
+    assert list(lines) == list(rows)
+    assert lines["sam3"].endswith(f"{tmp_path / 'sam3.yaml'} (overrides the built-in)")
+    assert lines["sam3-tiny"].endswith(" built-in")
     shown = cli("catalog", "show", "tiny", "--catalog", tmp_path, "--json")
     assert shown.exit_code == 0
     assert json.loads(shown.stdout)["components"]["encoder"]["dims"] == {"batch": 2}

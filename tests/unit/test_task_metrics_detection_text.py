@@ -102,3 +102,29 @@ def test_tasks_name_the_plugins() -> None:
     assert found is not None and found.name == "box-f1"
     found = metric_for("text-recognition", IOContract(outputs=outputs))
     assert found is not None and found.name == "ctc-character-agreement"
+
+
+def test_span_token_and_zero_shot_agreement() -> None:
+    """Span agreement counts a sample only when both ends agree; token agreement is per
+    token; zero-shot flips are measured against the float margin."""
+    import numpy as np
+
+    from winml_recipes.metrics.spans import SpanAgreement, TokenLabelAgreement
+    from winml_recipes.metrics.zeroshot import zero_shot_agreement
+
+    ref = [{"start_logits": np.array([[0.0, 5, 1]]), "end_logits": np.array([[0.0, 1, 5]])}]
+    moved_end = [{"start_logits": np.array([[0.0, 5, 1]]), "end_logits": np.array([[0.0, 6, 5]])}]
+    values = SpanAgreement().values(ref * 2, [ref[0], moved_end[0]])
+    assert (values["span_agreement"], values["start_agreement"], values["end_agreement"]) == (
+        0.5, 1.0, 0.5,
+    )  # fmt: skip
+    logits = np.zeros((1, 4, 3))
+    logits[0, np.arange(4), [0, 1, 2, 1]] = 1
+    changed = logits.copy()
+    changed[0, 3] = [0, 0, 2]
+    values = TokenLabelAgreement().values([{"logits": logits}], [{"logits": changed}])
+    assert values["token_agreement"] == 0.75 and values["tokens"] == 4
+    images, texts = np.eye(3)[:2], np.eye(3)
+    near = images + np.array([[0, 1.5, 0], [0, 0, 0]])  # image 0 now closer to label 1
+    values = zero_shot_agreement((images, texts), (near, texts))
+    assert values["top1_agreement"] == 0.5 and values["flip_margin_max"] == 1.0

@@ -308,20 +308,28 @@ def torch_export(
         extra["opset_version"] = int(opset)
     with tempfile.TemporaryDirectory(prefix="winml-export-") as tmp:
         path = Path(tmp) / "model.onnx"
-        with _quiet_exporter(), torch.no_grad():
-            torch.onnx.export(
-                module,
-                tuple(args),
-                str(path),
-                kwargs=dict(kwargs) if kwargs else None,
-                dynamo=True,
-                verbose=False,
-                external_data=True,
-                input_names=list(input_names),
-                output_names=list(output_names),
-                dynamic_shapes=dynamic_shapes,
-                **extra,
-            )
+        try:
+            with _quiet_exporter(), torch.no_grad():
+                torch.onnx.export(
+                    module,
+                    tuple(args),
+                    str(path),
+                    kwargs=dict(kwargs) if kwargs else None,
+                    dynamo=True,
+                    verbose=False,
+                    external_data=True,
+                    input_names=list(input_names),
+                    output_names=list(output_names),
+                    dynamic_shapes=dynamic_shapes,
+                    **extra,
+                )
+        except Exception as exc:  # torch wraps the model's own error: name that one
+            from winml_recipes.exporters.heads import export_cause
+
+            raise SourceError(
+                f"torch.onnx.export failed ({type(exc).__name__}), caused by "
+                f"{export_cause(exc)}; check the model class and its inputs"
+            ) from exc
         proto = onnx.load(str(path), load_external_data=True)
     _check_names(proto, input_names, output_names)
     proto = normalize(proto)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from winml_recipes.exporters import ExporterFamily, speech_heads
+from winml_recipes.exporters import ExporterFamily, heads, speech_heads
 from winml_recipes.modelfolder import TRUST_REMOTE_CODE
 from winml_recipes.sdk.errors import SourceError
 from winml_recipes.untrusted import printable
@@ -63,6 +63,19 @@ TASKS: dict[str, Task] = {
     "audio-feature-extraction": Task("AutoModel", ("last_hidden_state",), "audio"),
     # CTC speech recognizers taking a waveform (speech_heads.py picks it by the model class)
     "automatic-speech-recognition": Task("AutoModelForCTC", ("logits",), "audio"),
+    # text, two-tower and image-embedding families (heads.py picks the class and inputs)
+    "question-answering": Task(
+        "AutoModelForQuestionAnswering",
+        ("start_logits", "end_logits"),
+        "text",
+        ("ForQuestionAnswering",),
+    ),
+    # a *Model whose class takes pixel_values (DINOv2, SigLIP / CLIP vision towers)
+    "image-feature-extraction": Task("AutoModel", ("last_hidden_state", "pooler_output"), "image"),
+    "image-embedding": Task(
+        "AutoModel", ("image_embeds",), "image", ("VisionModelWithProjection",)
+    ),
+    "text-embedding": Task("AutoModel", ("text_embeds",), "text", ("TextModelWithProjection",)),
 }
 
 TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -91,10 +104,16 @@ def load_model(req: ExportRequest) -> Any:
         )
     auto_cls = getattr(transformers, TASKS[req.task].auto_class)
     if req.model_id is not None:
-        return load_pretrained(auto_cls, req.model_id, req.revision, where)
+        # the class the config names where it serves the task (T5EncoderModel, not T5Model)
+        config = heads.pretrained_config(req.model_id, req.revision, where)
+        named = heads.model_class(config, TASKS[req.task])
+        return load_pretrained(named or auto_cls, req.model_id, req.revision, where)
     assert req.config is not None
     config = build_config(req.config, None, where)
+    named = heads.model_class(config, TASKS[req.task])
     try:
+        if named is not None:
+            return build_random(lambda: named._from_config(config), req.seed)
         return build_random(
             lambda: auto_cls.from_config(config, trust_remote_code=TRUST_REMOTE_CODE), req.seed
         )
@@ -139,9 +158,9 @@ def export(req: ExportRequest) -> ExportOutput:
     task = TASKS[req.task]
     gen = torch.Generator().manual_seed(0)
     b = _TRACE_BATCH
+    outputs = heads.outputs_of(model.config, task.outputs)
     if task.modality == "text":
-        params = _forward_params(model)
-        names = tuple(n for n in TEXT_INPUTS if n in params)
+        names = heads.text_inputs(model, model.config)
         if "input_ids" not in names:
             raise SourceError(
                 f"{type(model).__name__} takes no input_ids; {req.task} here is for text models",
@@ -176,10 +195,10 @@ def export(req: ExportRequest) -> ExportOutput:
         args = (torch.rand(b, channels, h, w, generator=gen) * 2 - 1,)
         dims = {0: "batch"}
     return torch_export(
-        _output_module(model, task.outputs, names),
+        _output_module(model, outputs, names),
         args,
         input_names=names,
-        output_names=task.outputs,
+        output_names=outputs,
         dynamic_shapes=(tuple(dims for _ in names),),
         opset=req.opset,
     )
@@ -259,11 +278,12 @@ def task_of(config: Any) -> str:
         return speech_heads.task_of(config)
     if is_audio(config):
         return _audio_task_of(archs)
+    heads.refuse_nested(config)
     for arch in archs:
         # longest suffix first: "BertForMaskedLM" must not match "Model"
         for suffix, task in sorted(_SUFFIXES.items(), key=lambda kv: -len(kv[0])):
             if arch.endswith(suffix):
-                return task
+                return heads.head_task(config, task, TASKS[task].modality)
     if archs:
         raise SourceError(
             f"architecture {archs[0]} is not a task the auto exporter can export; it exports "
@@ -414,13 +434,21 @@ def catalog_components(
             highs = [(1.0 - m) / s for m, s in zip(image["mean"], image["std"], strict=False)]
             pixel["range"] = [round(min(lows), 6), round(max(highs), 6)]
             pixel["image"] = image
+        image_shapes = {
+            "logits": lambda: ["batch", field("num_labels", 2)],
+            # tokens: patches (+ a class token, + registers), as the model lays them out
+            "last_hidden_state": lambda: ["batch", "tokens", _hidden(config, where)],
+            "pooler_output": lambda: ["batch", _hidden(config, where)],
+            "image_embeds": lambda: ["batch", field("projection_dim", 0)],
+        }
         return {
             "model": {
                 "task": task,
                 "dims": {"batch": 1},
                 "inputs": {"pixel_values": {**pixel, "shape": ["batch", channels, h, w]}},
                 "outputs": {
-                    "logits": {"dtype": "float32", "shape": ["batch", field("num_labels", 2)]}
+                    o: {"dtype": "float32", "shape": image_shapes[o]()}
+                    for o in heads.outputs_of(config, TASKS[task].outputs)
                 },
             }
         }
@@ -428,23 +456,33 @@ def catalog_components(
     inputs: dict[str, Any] = {
         "input_ids": {"dtype": "int64", "shape": ["batch", "sequence"], "range": [0, vocab_range]},
         "attention_mask": {"dtype": "int64", "shape": ["batch", "sequence"], "values": [1]},
+        "token_type_ids": {"dtype": "int64", "shape": ["batch", "sequence"], "values": [0]},
     }
-    if getattr(config, "type_vocab_size", 0):
-        inputs["token_type_ids"] = {"dtype": "int64", "shape": ["batch", "sequence"], "values": [0]}
+    # the inputs the exported graph takes: the same rule as the exporter's (heads.text_inputs)
+    cls = heads.model_class(config, TASKS[task])
+    if cls is not None:
+        names = heads.text_inputs(cls, config)
+    else:
+        names = ("input_ids", "attention_mask")
+        names += ("token_type_ids",) if getattr(config, "type_vocab_size", 0) else ()
+    inputs = {n: inputs[n] for n in names}
     shapes = {
         "feature-extraction": lambda: ["batch", "sequence", _hidden(config, where)],
         "text-classification": lambda: ["batch", field("num_labels", 2)],
         "token-classification": lambda: ["batch", "sequence", field("num_labels", 2)],
         "fill-mask": lambda: ["batch", "sequence", field("vocab_size", 0)],
         "text-generation": lambda: ["batch", "sequence", field("vocab_size", 0)],
+        "question-answering": lambda: ["batch", "sequence"],
+        "text-embedding": lambda: ["batch", field("projection_dim", 0)],
     }
-    (output,) = TASKS[task].outputs
     return {
         "model": {
             "task": task,
             "dims": {"batch": 1, "sequence": 16},
             "inputs": inputs,
-            "outputs": {output: {"dtype": "float32", "shape": shapes[task]()}},
+            "outputs": {
+                o: {"dtype": "float32", "shape": shapes[task]()} for o in TASKS[task].outputs
+            },
         }
     }
 

@@ -9,14 +9,33 @@ import numpy as np
 from winml_recipes.sdk.contract import IOContract
 from winml_recipes.sdk.metrics import DefaultGate, Outputs, TaskMetric
 
-PREFERRED = ("sentence_embedding", "pooler_output", "embeddings", "last_hidden_state")
+PREFERRED = (
+    "sentence_embedding",
+    "image_embeds",
+    "text_embeds",
+    "pooler_output",
+    "embeddings",
+    "last_hidden_state",
+)
 
 
 class EmbeddingCosine(TaskMetric):
     """Cosine between the float and target embedding of each sample (each batch row)."""
 
     name = "embedding-cosine"
-    tasks = frozenset({"feature-extraction", "sentence-similarity", "audio-feature-extraction"})
+    tasks = frozenset(
+        {
+            "feature-extraction",
+            "sentence-similarity",
+            "audio-feature-extraction",
+            "image-feature-extraction",
+            "image-embedding",
+            "text-embedding",
+            # a two-tower model's components (each tower's embedding; metrics/zeroshot.py
+            # compares the towers' similarities)
+            "zero-shot-image-classification",
+        }
+    )
     description = "cosine of each sample's embedding, float vs target: mean and worst"
     gates = {"cosine_worst": DefaultGate(0.95)}
 

@@ -334,6 +334,7 @@ class VerifyPass(Pass[VerifyConfig]):
                 )
         if isinstance(factory, UpstreamFeeds):
             record["upstream_forwards"] = {"computed": factory.computed, "reused": factory.reused}
+        task = _task_metric(ctx, config, reference, target.outputs)
         if config.compare_simulation and target.verified_on not in ("cpu", "cpu-simulation"):
             sim_runs = run_model(src, feeds)
             simulated = compare_runs(reference, sim_runs)
@@ -345,7 +346,6 @@ class VerifyPass(Pass[VerifyConfig]):
                 record["first_divergence"] = _locate(src, feeds, options, ctx, out_dir)
         record["outputs"] = metrics
         gates = _gates(metrics, config)
-        task = _task_metric(ctx, config, reference, target.outputs)
         if task is not None:
             record["task_metric"], task_gates = task
             if config.task_decides and task_gates:
