@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from winml_recipes.exporters import ExporterFamily
+from winml_recipes.exporters import ExporterFamily, vision
 from winml_recipes.modelfolder import TRUST_REMOTE_CODE
 from winml_recipes.sdk.errors import SourceError
 from winml_recipes.untrusted import printable
@@ -61,6 +61,19 @@ TASKS: dict[str, Task] = {
     ),
     # the encoder of an encoder-decoder audio model (task_of picks it for audio configs)
     "audio-feature-extraction": Task("AutoModel", ("last_hidden_state",), "audio"),
+    # dense-prediction vision heads; exporters/vision.py sizes their inputs and outputs
+    "depth-estimation": Task(
+        "AutoModelForDepthEstimation", ("predicted_depth",), "image", ("ForDepthEstimation",)
+    ),
+    "semantic-segmentation": Task(
+        "AutoModelForSemanticSegmentation", ("logits",), "image", ("ForSemanticSegmentation",)
+    ),
+    "object-detection": Task(
+        "AutoModelForObjectDetection", ("logits", "pred_boxes"), "image", ("ForObjectDetection",)
+    ),
+    "image-to-image": Task(
+        "AutoModelForImageToImage", ("reconstruction",), "image", ("ForImageSuperResolution",)
+    ),
 }
 
 TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -168,6 +181,8 @@ def export(req: ExportRequest) -> ExportOutput:
         channels = int(getattr(model.config, "num_channels", 3))
         size = getattr(model.config, "image_size", 224)
         h, w = (size, size) if isinstance(size, int) else tuple(size)
+        if req.task in vision.TASKS:
+            h, w = vision.trace_size(model, req.model_id, req.revision)
         names = ("pixel_values",)
         args = (torch.rand(b, channels, h, w, generator=gen) * 2 - 1,)
         dims = {0: "batch"}
@@ -388,6 +403,8 @@ def catalog_components(
 
     if TASKS[task].modality == "audio":
         return {"model": _audio_component(config, task, preprocessor, where)}
+    if task in vision.TASKS:
+        return {"model": vision.component(config, task, preprocessor, where, str(source))}
     if TASKS[task].modality == "image":
         channels = field("num_channels", 3, MAX_CHANNELS)
         pixel: dict[str, Any] = {"dtype": "float32", "range": [-1.0, 1.0]}

@@ -313,14 +313,19 @@ class VerifyPass(Pass[VerifyConfig]):
                 )
         if isinstance(factory, UpstreamFeeds):
             record["upstream_forwards"] = {"computed": factory.computed, "reused": factory.reused}
+        simulated_outputs = None
         if config.compare_simulation and target.verified_on not in ("cpu", "cpu-simulation"):
-            simulated = compare_runs(reference, run_model(src, feeds))
+            simulated_outputs = run_model(src, feeds)
+            simulated = compare_runs(reference, simulated_outputs)
             record["cpu_simulation"] = {"outputs": simulated}
         record["outputs"] = metrics
         gates = _gates(metrics, config)
         task = _task_metric(ctx, config, reference, target.outputs)
         if task is not None:
             record["task_metric"], task_gates = task
+            if simulated_outputs is not None:  # the same metric on the CPU EP's Q/DQ run
+                sim = _task_metric(ctx, config, reference, simulated_outputs)
+                record["cpu_simulation"]["task_metric"] = sim[0]["values"] if sim else {}
             if config.task_decides and task_gates:
                 gates = [replace(g, advisory=True) for g in gates]
             gates = [*task_gates, *gates]
