@@ -77,7 +77,7 @@ def bench(arch: str, root: Path, targets: list[str]) -> dict:
         result, secs, rss = _run(
             ["build", f"recipes/{arch.lower()}.yaml", "--device", device, "--precision",
              precision, "-o", str(out)], root)  # fmt: skip
-        manifest_path = next(out.glob(f"*/{device}-{precision}/manifest.json"), None)
+        manifest_path = next(out.glob(f"*/{device}-{precision}*/manifest.json"), None)
         manifest = json.loads(manifest_path.read_text()) if manifest_path else {}
         row[target] = {
             "ok": result.returncode == 0,
@@ -96,9 +96,11 @@ def main() -> None:
     parser.add_argument("archs", nargs="*", default=list(TINY))
     parser.add_argument("--targets", default="npu/w8a16,cpu/int8")
     parser.add_argument("--json")
+    parser.add_argument("--keep", help="work in this folder and keep it (builds, evidence)")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="vision-bench-") as tmp:
+        tmp = args.keep or tmp
         os.environ.setdefault("WINML_RECIPES_CACHE", str(Path(tmp) / "cache"))
         for arch in args.archs:
             row = bench(arch, Path(tmp), args.targets.split(","))

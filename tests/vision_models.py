@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+REPO = Path(__file__).resolve().parents[1]
+
 IMAGENET = {"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
 HALF = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
 RESCALE = {"do_rescale": True, "rescale_factor": 1 / 255}
@@ -36,7 +38,7 @@ def _dpt() -> tuple[Any, dict]:
         hidden_size=32, num_hidden_layers=4, num_attention_heads=2, intermediate_size=64,
         image_size=64, patch_size=16, backbone_out_indices=[0, 1, 2, 3],
         neck_hidden_sizes=[8, 16, 32, 32], fusion_hidden_size=16, head_in_index=-1,
-        reassemble_factors=[4, 2, 1, 0.5],
+        reassemble_factors=[4, 2, 1, 0.5], initializer_range=0.1,
     )  # fmt: skip
     pre = {"image_processor_type": "DPTImageProcessor", "do_resize": True,
            "size": {"height": 64, "width": 64}, "keep_aspect_ratio": False,
@@ -50,11 +52,11 @@ def _depth_anything() -> tuple[Any, dict]:
     backbone = Dinov2Config(
         hidden_size=32, num_hidden_layers=4, num_attention_heads=2, intermediate_size=64,
         image_size=56, patch_size=14, out_features=["stage1", "stage2", "stage3", "stage4"],
-        reshape_hidden_states=False,
+        reshape_hidden_states=False, initializer_range=0.1,
     )  # fmt: skip
     config = DepthAnythingConfig(
         backbone_config=backbone, neck_hidden_sizes=[8, 16, 32, 32], fusion_hidden_size=16,
-        head_hidden_size=8, reassemble_hidden_size=32, patch_size=14,
+        head_hidden_size=8, reassemble_hidden_size=32, patch_size=14, initializer_range=0.1,
     )  # fmt: skip
     # as depth-anything/Depth-Anything-V2-Small-hf's (518 there)
     pre = {"image_processor_type": "DPTImageProcessor", "do_resize": True,
@@ -98,6 +100,7 @@ def _mobilevit() -> tuple[Any, dict]:
     config = MobileViTConfig(
         image_size=64, hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64],
         num_attention_heads=2, aspp_out_channels=16, num_labels=5, output_stride=8,
+        initializer_range=0.1,
     )  # fmt: skip
     # as apple/deeplabv3-mobilevit-small's: BGR, no mean/std
     pre = {"image_processor_type": "MobileViTImageProcessor", "do_resize": True,
@@ -167,6 +170,20 @@ def _swin2sr() -> tuple[Any, dict]:
     return Swin2SRForImageSuperResolution(config), pre
 
 
+# The layer that makes each tiny model's output, and the mean and std it is set to give on
+# the bundled calibration photos (see `condition`).
+HEADS: dict[str, tuple[str, float, float]] = {
+    "DPTForDepthEstimation": ("head.head.4", 1.0, 0.3),  # a ReLU follows: keep it positive
+    "DepthAnythingForDepthEstimation": ("head.conv3", 1.0, 0.3),
+    "GLPNForDepthEstimation": ("head.head.2", 0.0, 1.0),  # sigmoid * max_depth follows
+    "SegformerForSemanticSegmentation": ("decode_head.classifier", 0.0, 2.0),
+    "MobileViTForSemanticSegmentation": ("segmentation_head.classifier.convolution", 0.0, 2.0),
+    "DetrForObjectDetection": ("class_labels_classifier", 0.0, 3.0),
+    "YolosForObjectDetection": ("class_labels_classifier.layers.2", 0.0, 3.0),
+    "RTDetrForObjectDetection": ("model.decoder.class_embed.0", -0.5, 2.0),
+    "Swin2SRForImageSuperResolution": ("upsample.final_convolution", 0.0, 0.2),  # + mean
+}
+
 TINY: dict[str, Callable[[], tuple[Any, dict]]] = {
     "DPTForDepthEstimation": _dpt,
     "DepthAnythingForDepthEstimation": _depth_anything,
@@ -180,12 +197,53 @@ TINY: dict[str, Callable[[], tuple[Any, dict]]] = {
 }
 
 
+def photos(size: tuple[int, int], pre: dict) -> Any:
+    """The bundled calibration photos as the processor would feed them, [n, 3, h, w]."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from winml_recipes.exporters.vision import image_block
+
+    block = image_block(pre, 3, size, "preprocessor_config.json")
+    files = sorted((REPO / "winml_recipes" / "data" / "images" / "calibration").glob("*.jpg"))
+    rgb = [np.asarray(Image.open(f).convert("RGB").resize(size[::-1]), np.float32) / 255 for f in files[:8]]
+    x = (np.stack(rgb) - np.float32(block["mean"])) / np.float32(block["std"])
+    return torch.from_numpy(x.transpose(0, 3, 1, 2).copy())
+
+
+def condition(model: Any, layer: str, mean: float, std: float, x: Any) -> None:
+    """Rescale `layer` (the head's last Linear/Conv) so its output on `x` has this mean and
+    std (LSUV-style, data-dependent init): a random-weight head otherwise gives outputs a
+    comparison cannot tell apart (a ReLU'd depth map of zeros, softmax scores that never
+    pass a detector's 0.5 threshold)."""
+    import torch
+
+    module = model.get_submodule(layer)
+    seen: list[Any] = []
+    hook = module.register_forward_hook(lambda _m, _i, out: seen.append(out.detach()))
+    with torch.no_grad():
+        model(pixel_values=x)
+        hook.remove()
+        out = torch.cat([o.reshape(-1) for o in seen])
+        scale = std / max(float(out.std()), 1e-12)
+        module.weight.mul_(scale)
+        bias = module.bias if module.bias is not None else 0.0
+        module.bias.copy_((bias - float(out.mean())) * scale + mean)
+
+
 def save_tiny(arch: str, folder: Path, seed: int = 0) -> Path:
     """`arch` at a tiny size with seeded random weights, saved as a Hub folder would be."""
     import torch
 
+    from winml_recipes.exporters.vision import input_size
+
     torch.manual_seed(seed)
     model, pre = TINY[arch]()
-    model.eval().save_pretrained(str(folder))
+    model.eval()
+    h, w, _ = input_size(model.config, pre)
+    layer, mean, std = HEADS[arch]
+    condition(model, layer, mean, std, photos((h, w), pre))
+    model.save_pretrained(str(folder))
     (folder / "preprocessor_config.json").write_text(json.dumps(pre, indent=2))
     return folder
