@@ -45,9 +45,7 @@ def _run(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess, float
 
 
 def _metric(manifest: dict, where: str) -> dict:
-    step = next(
-        (s for s in manifest["components"]["model"]["steps"] if s["pass"] == "verify"), {}
-    )
+    step = next((s for s in manifest["components"]["model"]["steps"] if s["pass"] == "verify"), {})
     m = step.get("metrics") or {}
     if where == "simulation":
         return (m.get("cpu_simulation") or {}).get("task_metric") or {}

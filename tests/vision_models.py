@@ -145,7 +145,8 @@ def _rt_detr() -> tuple[Any, dict]:
     config = RTDetrConfig(
         backbone_config={**_resnet([16, 24, 32, 48], ["stage2", "stage3", "stage4"]),
                          "model_type": "rt_detr_resnet", "layer_type": "bottleneck"},
-        encoder_in_channels=[24, 32, 48], decoder_in_channels=[32, 32, 32], feat_strides=[8, 16, 32], d_model=32,
+        encoder_in_channels=[24, 32, 48], decoder_in_channels=[32, 32, 32],
+        feat_strides=[8, 16, 32], d_model=32,
         encoder_hidden_dim=32, encoder_ffn_dim=64, encoder_attention_heads=2,
         decoder_layers=1, decoder_ffn_dim=64, decoder_attention_heads=2, num_queries=10,
         decoder_n_points=2, num_labels=2, num_denoising=0,
@@ -207,7 +208,10 @@ def photos(size: tuple[int, int], pre: dict) -> Any:
 
     block = image_block(pre, 3, size, "preprocessor_config.json")
     files = sorted((REPO / "winml_recipes" / "data" / "images" / "calibration").glob("*.jpg"))
-    rgb = [np.asarray(Image.open(f).convert("RGB").resize(size[::-1]), np.float32) / 255 for f in files[:8]]
+    rgb = [
+        np.asarray(Image.open(f).convert("RGB").resize(size[::-1]), np.float32) / 255
+        for f in files[:8]
+    ]
     x = (np.stack(rgb) - np.float32(block["mean"])) / np.float32(block["std"])
     return torch.from_numpy(x.transpose(0, 3, 1, 2).copy())
 

@@ -38,7 +38,7 @@ components:
 """
 
 
-BUILTIN = "; built-in: sam3, sam3-mid, sam3-tiny"
+BUILTIN = "; built-in: " + ", ".join(entry_names())  # every built-in entry, listed
 
 
 def write(directory: Path, name: str, text: str) -> Path:
@@ -57,7 +57,7 @@ def error_of(directory: Path, name: str) -> str:
 
 
 def test_repo_catalog_entries_load() -> None:
-    assert entry_names(CATALOG) == ["sam3", "sam3-mid", "sam3-tiny"]
+    assert {"sam3", "sam3-mid", "sam3-tiny"} <= set(entry_names(CATALOG))
     tiny = load_entry("sam3-tiny", CATALOG)
     assert list(tiny.components) == ["vision_encoder", "prompt_encoder_mask_decoder"]
     assert tiny.family == "sam3_tracker"
@@ -291,7 +291,8 @@ def test_default_catalog_dir(tmp_path: Path, monkeypatch) -> None:
 def test_builtin_entries_need_no_catalog_dir(tmp_path: Path, monkeypatch) -> None:
     """The built-in catalog ships inside the package: found from any folder."""
     monkeypatch.chdir(tmp_path)
-    assert entry_names() == ["sam3", "sam3-mid", "sam3-tiny"]
+    assert entry_names() == entry_names(CATALOG)  # every built-in one, from any folder
+    assert {"sam3", "sam3-mid", "sam3-tiny"} <= set(entry_names())
     tiny = load_entry("sam3-tiny")
     assert tiny.builtin and tiny.overrides is None
     assert tiny.path == builtin_catalog_dir() / "sam3-tiny.yaml"
@@ -300,14 +301,14 @@ def test_builtin_entries_need_no_catalog_dir(tmp_path: Path, monkeypatch) -> Non
         load_entry("sam3-tinny")
     assert str(exc.value) == (
         "unknown catalog entry 'sam3-tinny' (did you mean 'sam3-tiny'?); entries in "
-        "built-in: sam3, sam3-mid, sam3-tiny"
+        f"built-in: {', '.join(entry_names())}"
     )
 
 
 def test_project_entry_adds_to_and_overrides_the_builtins(tmp_path: Path) -> None:
     write(tmp_path, "tiny", GOOD)
     write(tmp_path, "sam3-tiny", GOOD.replace("name: tiny", "name: sam3-tiny"))
-    assert entry_names(tmp_path) == ["sam3", "sam3-mid", "sam3-tiny", "tiny"]
+    assert entry_names(tmp_path) == sorted([*entry_names(), "tiny"])
     mine = load_entry("sam3-tiny", tmp_path)
     assert list(mine.components) == ["encoder"]  # the project's, not the built-in tracker
     assert mine.overrides == builtin_catalog_dir() / "sam3-tiny.yaml"
@@ -326,7 +327,7 @@ def test_cli_catalog_list_and_show(tmp_path: Path) -> None:
     result = cli("catalog", "list", "--catalog", tmp_path, "--json")
     assert result.exit_code == 0, result.stderr
     rows = {r["name"]: r for r in json.loads(result.stdout)}
-    assert list(rows) == ["sam3", "sam3-mid", "sam3-tiny", "tiny"]
+    assert list(rows) == sorted([*entry_names(), "tiny"])
     assert rows["tiny"] == {
         "name": "tiny",
         "task": "feature-extraction",
@@ -337,11 +338,12 @@ def test_cli_catalog_list_and_show(tmp_path: Path) -> None:
     }
     assert rows["sam3"]["overrides"] == str(builtin_catalog_dir() / "sam3.yaml")
     assert rows["sam3-tiny"]["builtin"] and rows["sam3-tiny"]["overrides"] is None
-    lines = cli("catalog", "list", "--catalog", tmp_path).stdout.splitlines()
-    assert lines[0].startswith("sam3 ") and lines[0].endswith(
-        f"{tmp_path / 'sam3.yaml'} (overrides the built-in)"
-    )
-    assert lines[2].startswith("sam3-tiny ") and lines[2].endswith(" built-in")
+    lines = {
+        line.split()[0]: line
+        for line in cli("catalog", "list", "--catalog", tmp_path).stdout.splitlines()
+    }
+    assert lines["sam3"].endswith(f"{tmp_path / 'sam3.yaml'} (overrides the built-in)")
+    assert lines["sam3-tiny"].endswith(" built-in")
     shown = cli("catalog", "show", "tiny", "--catalog", tmp_path, "--json")
     assert shown.exit_code == 0
     assert json.loads(shown.stdout)["components"]["encoder"]["dims"] == {"batch": 2}

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CATALOG, PARTIALS, RECIPES, known_names
+from winml_recipes.catalog import entry_names
 from winml_recipes.presets import default_steps, precisions, resolve_target
 from winml_recipes.recipe import (
     Step,
@@ -645,7 +646,7 @@ def test_unknown_catalog_entry(project: Path) -> None:
     path = write(project, HEAD.replace("model: tiny", "model: tinny"))
     assert error(path) == (
         f"{path}:3: $.model: unknown catalog entry 'tinny' (did you mean 'tiny'?); entries in "
-        f"{project / 'catalog'}: tiny; built-in: sam3, sam3-mid, sam3-tiny"
+        f"{project / 'catalog'}: tiny; built-in: {', '.join(entry_names())}"
     )
 
 
@@ -653,7 +654,7 @@ def test_templated_unknown_catalog_entry(project: Path) -> None:
     path = write(project, HEAD.replace("model: tiny", "model: '{{ m }}'"))
     assert error(path, defines={"m": "tinny"}) == (
         f"{path}:3: $.model: unknown catalog entry 'tinny' (did you mean 'tiny'?); entries in "
-        f"{project / 'catalog'}: tiny; built-in: sam3, sam3-mid, sam3-tiny"
+        f"{project / 'catalog'}: tiny; built-in: {', '.join(entry_names())}"
     )
 
 

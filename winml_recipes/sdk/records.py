@@ -118,8 +118,8 @@ class StepRecord:
         "cpu-simulation where the device's EP cannot load here), execution_provider "
         "{key, provider, backend, available, versions | reason}, placement {nodes, "
         "partitions per EP} and cpu_simulation {outputs, task_metric}; quantize with "
-        "mixed_precision auto adds mixed_precision_auto (promoted[] with kind, round and the damage "
-        "measured for each, rounds[] with each round's output SQNR; README, Quantization); "
+        "mixed_precision auto adds mixed_precision_auto (promoted[] with kind, round and the "
+        "damage measured for each, rounds[] with each round's output SQNR; README, Quantization); "
         "compile in parts adds split {parts[] (CompiledPartRecord: index, nodes, inputs, "
         "outputs, estimate_mb, binaries, prepare_seconds, prepare_peak_rss_mb), boundary, "
         "why, whole_estimate_mb}.",
