@@ -67,7 +67,7 @@ def input_size(
     config: Any, preprocessor: Mapping[str, Any] | None, where: str = "config.json"
 ) -> tuple[int, int, bool]:
     """(height, width, guessed) of the image the model is traced and fed at."""
-    from winml_recipes.exporters.auto import MAX_SIDE, _whole
+    from winml_recipes.exporters.fields import MAX_SIDE, _whole
 
     pre = dict(preprocessor or {})
     hw = _processor_size(pre)
@@ -111,7 +111,7 @@ def image_block(
 ) -> dict[str, Any]:
     """The `image:` block: resize to `hw`, scale to [0, 1], (x - mean) / std, where mean and
     std fold in the processor's rescale factor and normalize flag."""
-    from winml_recipes.exporters.auto import _numbers
+    from winml_recipes.exporters.fields import _numbers
 
     pre = dict(preprocessor or {})
     normalize = pre.get("do_normalize", True) is not False
@@ -129,7 +129,7 @@ def image_block(
 
 
 def _field(config: Any, name: str, where: str, default: Any = None) -> int:
-    from winml_recipes.exporters.auto import MAX_COUNT, _whole
+    from winml_recipes.exporters.fields import MAX_COUNT, _whole
 
     return _whole(getattr(config, name, default), name, where, MAX_COUNT)
 
@@ -188,7 +188,7 @@ def component(
 ) -> dict[str, Any]:
     """The `model` component's I/O contract: `pixel_values` [batch, C, H, W] with its
     `image:` block, and the head's outputs at that size."""
-    from winml_recipes.exporters.auto import MAX_CHANNELS, _whole
+    from winml_recipes.exporters.fields import MAX_CHANNELS, _whole
 
     if preprocessor is None:
         raise SourceError(
