@@ -47,11 +47,7 @@ def _init(arch: str, tmp_path, monkeypatch) -> dict:
     return yaml.safe_load((tmp_path / "catalog" / "m.yaml").read_text())
 
 
-@pytest.mark.parametrize(
-    "arch",
-    ["DepthAnythingForDepthEstimation", "RTDetrForObjectDetection",
-     "Swin2SRForImageSuperResolution"],
-)  # fmt: skip
+@pytest.mark.parametrize("arch", ["RTDetrForObjectDetection", "Swin2SRForImageSuperResolution"])
 def test_init_recognises_the_head_and_reads_the_processor(arch, tmp_path, monkeypatch) -> None:
     entry = _init(arch, tmp_path, monkeypatch)
     task, outputs, _ = EXPECTED[arch]
@@ -132,8 +128,18 @@ def test_segformer_folder_builds_cpu_int8_judged_by_mean_iou(tmp_path, monkeypat
     assert values["classes"] >= 4 and values["mean_iou"] > 0.8
 
 
+MOBILEVIT_W8A16 = pytest.mark.xfail(
+    reason="measured: the w8a16 QDQ model is wrong on HTP (pixel agreement 0.17) and in its "
+    "CPU simulation (0.21) alike, while cpu/int8 holds (0.92); not an HTP divergence",
+    strict=False,
+)
+HTP_CASES = [
+    pytest.param(a, marks=MOBILEVIT_W8A16) if a.startswith("MobileViT") else a for a in sorted(TINY)
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", sorted(TINY))
+@pytest.mark.parametrize("arch", HTP_CASES)
 def test_family_builds_on_htp_judged_by_its_task_metric(arch, tmp_path, monkeypatch) -> None:
     """npu/w8a16 on QNN HTP (CPU fallback off) from `init`'s recipe; the task metric on
     the target holds its gates and is recorded beside the CPU simulation's."""
@@ -142,8 +148,6 @@ def test_family_builds_on_htp_judged_by_its_task_metric(arch, tmp_path, monkeypa
     if not availability("qnn-htp").available:
         pytest.skip("QNN HTP cannot load on this host")
     _init(arch, tmp_path, monkeypatch)
-    if arch == "MobileViTForSemanticSegmentation":
-        pytest.xfail("MobileViT diverges on HTP (issue 33, HTP numerics: another helper's)")
     built = _build(tmp_path, "npu", "w8a16")
     metric, values, simulated = _task_metric(built)
     assert metric == EXPECTED[arch][2]
