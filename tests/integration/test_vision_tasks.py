@@ -133,8 +133,21 @@ MOBILEVIT_W8A16 = pytest.mark.xfail(
     "CPU simulation (0.21) alike, while cpu/int8 holds (0.92); not an HTP divergence",
     strict=False,
 )
+RTDETR_EXPORT = pytest.mark.xfail(
+    reason="measured: the export's parity check fails (logits 4.6 dB, pred_boxes 1.5 dB vs "
+    "torch): the tiny model's encoder scores every anchor alike (-0.693), and top-k over ties "
+    "picks other queries in onnxruntime",
+    strict=False,
+)
+SWIN2SR_FINALIZE = pytest.mark.xfail(
+    reason="measured: HTP cannot finalize the cosine attention's normalization (MEM_ALLOC; "
+    "the build names node_div with its ReduceL2/Expand inputs and the op_affinity way out)",
+    strict=False,
+)
+KNOWN = {"MobileViT": MOBILEVIT_W8A16, "RTDetr": RTDETR_EXPORT, "Swin2SR": SWIN2SR_FINALIZE}
 HTP_CASES = [
-    pytest.param(a, marks=MOBILEVIT_W8A16) if a.startswith("MobileViT") else a for a in sorted(TINY)
+    next((pytest.param(a, marks=m) for k, m in KNOWN.items() if a.startswith(k)), a)
+    for a in sorted(TINY)
 ]
 
 
