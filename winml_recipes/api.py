@@ -68,9 +68,12 @@ def build(
     `memory_budget` ("12GB", or MB): steps estimated above it stop the build before they
     start (default: $WINML_RECIPES_MEMORY_BUDGET, else physical memory minus headroom).
     """
+    from winml_recipes.outputroot import check_output_root
+
     cache = StepCache(cache_dir, enabled=use_cache)
     if use_cache:
         check_output_apart(Path(output_root), cache.root)
+    check_output_root(output_root)
     the_plan = plan(recipe, **kwargs)
     return run_plan(
         the_plan,
@@ -127,9 +130,12 @@ def matrix(
     from winml_recipes.exec.task import TargetTask
 
     # The driver's store and catalog, whatever the workers' environment says.
+    from winml_recipes.outputroot import check_output_root
+
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     if use_cache:
         check_output_apart(Path(output_root), cache_dir)
+    check_output_root(output_root)
     chosen = make_executor(executor, jobs=jobs, address=address)
     catalog_dir = catalog_dir or os.environ.get(CATALOG_ENV) or None
     if progress == "rich" and chosen.name != "local":
@@ -196,14 +202,20 @@ def build_onnx(
         synthetic_calibration_note,
         write_adhoc_project,
     )
+    from winml_recipes.outputroot import check_output_root
     from winml_recipes.presets import default_precision, resolve_target
     from winml_recipes.sdk.errors import QualityGateError, SourceError, WinmlError
+    from winml_recipes.tasks import check_task
 
     model = Path(model)
     if not model.is_file():
         raise SourceError("file not found; check the path", where=str(model))
     precision = precision or default_precision(device)
     resolve_target(device, precision)
+    if task is not None:
+        check_task(task)
+    # before any step: the output folder, with room for a few copies of the model
+    check_output_root(kwargs.get("output_root", "build"), 4 * model.stat().st_size)
     note = None
     with tempfile.TemporaryDirectory(prefix="winml-adhoc-") as tmp:
         try:
@@ -228,9 +240,21 @@ def build_onnx(
         except WinmlError as exc:
             if isinstance(exc, QualityGateError) and note:
                 exc.message += SYNTHETIC_GATE_HINT
+            exc.message = _data_flags(exc.message, calibration_data, eval_data)
             # The generated recipe and catalog are deleted with the folder: name the model.
             exc.where = re.sub(re.escape(tmp) + r"[^:\s]*(:\d+)?", str(model), exc.where)
             raise
+
+
+def _data_flags(message: str, calibration_data: str | None, eval_data: str | None) -> str:
+    """A data error of the generated recipe, named by the flag the user gave instead."""
+    for prefix, flag, given in (
+        ("calibration.npz:", "--calibration-data:", calibration_data),
+        ("verify.npz:", "--eval-data:", eval_data),
+    ):
+        if given is not None and message.startswith(prefix):
+            return flag + message[len(prefix) :]
+    return message
 
 
 def compare(
@@ -265,6 +289,7 @@ def compare(
 
     from winml_recipes.buildfolder import find_component, float_reference, verify_upstream
     from winml_recipes.feeds import (
+        bundled_audio_input,
         bundled_image_input,
         check_npz,
         feeds_for,
@@ -293,8 +318,8 @@ def compare(
         reference = local_model_file(str(reference))
     contract, inputs_from = compare_contract(candidate, reference, built, ranges, values)
     if npz:
-        files = npz_files(npz, Path.cwd())
-        check_npz(files, contract)
+        files = npz_files(npz, Path.cwd(), "--npz")
+        check_npz(files, contract, "--npz")
         factory = from_npz(files, contract, samples)
         inputs_from = f"npz: {npz}"
     else:
@@ -308,6 +333,8 @@ def compare(
             factory = feeds_for(None, contract, Path.cwd(), {}, samples, seed, held_out=True)
             if bundled_image_input(contract) is not None:
                 inputs_from += ", bundled photos (held-out set) for the image input"
+            elif bundled_audio_input(contract) is not None:
+                inputs_from += ", bundled speech (held-out set) for the audio input"
     feeds = take(factory, samples)
     if ep is None and built is not None:
         ep = built.manifest.get("target", {}).get("ep") or None
@@ -341,10 +368,12 @@ def perf(
     *,
     ep: str | None = None,
     device: str | None = None,
-    iterations: int = 50,
+    iterations: int | None = 50,
     warmup: int = 5,
     output_root: Path | str = "build",
     catalog_dir: Path | None = None,
+    budget_seconds: float = 60.0,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Time built targets: session creation (uncompiled and EPContext), latency P50/P90/P99,
     throughput and peak memory per component and for the whole pipeline.
@@ -353,7 +382,9 @@ def perf(
     built under `output_root`), compared in one report. The EP is `ep` (an EP plugin's
     key), else `device`'s, else each build target's. Each row runs in a fresh process; rows on
     an EP whose plugin says it is emulated here (an NPU's on an x86_64 host) are labelled as
-    emulation (`emulated`, `note`).
+    emulation (`emulated`, `note`). `iterations` None: each row's runs are sized by its
+    share of `budget_seconds` after one measured run (`say` hears the estimates);
+    percentiles from too few runs are None.
     """
     from winml_recipes.perf import perf as run_perf
 
@@ -365,6 +396,8 @@ def perf(
         warmup=warmup,
         output_root=output_root,
         catalog_dir=catalog_dir,
+        budget_seconds=budget_seconds,
+        say=say,
     )
 
 
@@ -377,6 +410,7 @@ def run(
     npz: Path | str | None = None,
     output_dir: Path | str | None = None,
     compiled: bool | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run a build folder on inputs a person has: its components in order (SAM: encoder,
     then decoder on the encoder's outputs) on the target's EP, and the float reference on
@@ -386,7 +420,8 @@ def run(
     `image`: a photo, preprocessed as the catalog's `image:` block says (default: a bundled
     held-out photo). `points` ("X,Y[,LABEL]" or tuples) and `boxes` ("X1,Y1,X2,Y2") are SAM
     prompts in the photo's pixels. `npz`: arrays named like inputs (they win). `compiled`:
-    the EPContext model (None: where compiled and the EP loads; False: model.onnx).
+    the EPContext model (None: where compiled and the EP loads; False: model.onnx). `say`
+    hears the run's estimated cost on the target before it starts (runcost.py).
     """
     from winml_recipes.prompts import Box, Point, parse_box, parse_point
     from winml_recipes.runbuild import run_build
@@ -399,13 +434,21 @@ def run(
         npz=npz,
         output_dir=output_dir,
         compiled=compiled,
+        say=say,
     )
 
 
-def report(build_dir: Path | str, *, layers: bool | None = None) -> Path:
-    """(Re)write BUILD_DIR/report.html: verdicts, metrics, the per-layer SQNR plot, the run
-    pictures, placement, step times, versions. `layers`: compute the per-layer comparison
-    (None: only for small quantized npu builds). Returns the report's path."""
+def report(
+    build_dir: Path | str,
+    *,
+    layers: bool | None = None,
+    say: Callable[[str], None] | None = None,
+) -> Path:
+    """(Re)write BUILD_DIR/report.html from the build folder (it runs nothing on the
+    target): verdicts, metrics, the per-layer SQNR plot verify recorded, the last `run`'s
+    picture, placement, step times, versions. `layers`: True computes the per-layer
+    comparison where verify recorded none (one run on the target; `say` hears it); False
+    leaves the plot out. Returns the report's path."""
     from winml_recipes.report import write_report
 
-    return write_report(Path(build_dir), layers=layers)
+    return write_report(Path(build_dir), layers=layers, say=say)

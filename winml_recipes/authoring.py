@@ -133,7 +133,7 @@ def onnx_entry(
             "shape_advisory": True,
         }
     inputs = {s.name: _tensor(s) for s in specs}
-    task, _why = guess_task(inputs, outputs)
+    task, _why = guess_task(inputs, outputs, dims)
     entry = {
         "schema_version": 1,
         "name": name,
@@ -176,8 +176,13 @@ def write_adhoc_project(
         TensorSpec(n, t["dtype"], tuple(t["shape"]))
         for n, t in entry["components"]["model"]["inputs"].items()
     ]
+    data = {CALIBRATION_FLAG: calibration_data, EVAL_FLAG: eval_data}
+    data = {flag: value for flag, value in data.items() if value is not None}
+    for flag, value in data.items():  # a wrong key is named before any dim is read
+        check_npz_names(specs, value, flag)
     given = {d for s in specs if s.name in shapes for d in s.shape if isinstance(d, str)}
     missing = unset_dims(specs, given)
+    read: dict[str, tuple[int, ...]] = {}
     if missing and calibration_data is not None:
         # The data knows the sizes the model runs at (a sequence length, an image side).
         read = dims_from_npz(specs, missing, calibration_data, entry["components"]["model"]["dims"])
@@ -194,6 +199,7 @@ def write_adhoc_project(
             f"{first.name}={example} with N replaced by the sizes the model runs at",
             where=str(model_path),
         )
+    check_data_against_model(entry, data)
     if task is not None:
         entry["task"] = task
     (root / "catalog").mkdir(parents=True, exist_ok=True)
@@ -214,7 +220,59 @@ def write_adhoc_project(
         )
     path = root / "recipes" / f"{name}.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    return path, task_line(entry, given=task is not None)
+    note = task_line(entry, given=task is not None)
+    if read:  # the model is built at the data's size: said, with how to choose another
+        sizes = ", ".join(f"{n}={'x'.join(map(str, v))}" for n, v in read.items())
+        note += (
+            f"\nshapes: {sizes}, read from {Path(calibration_data or '').name} "
+            "(the model leaves them open); --shape to choose"
+        )
+    return path, note
+
+
+CALIBRATION_FLAG, EVAL_FLAG = "--calibration-data", "--eval-data"
+
+
+def check_npz_names(specs: list[TensorSpec], data: str, flag: str) -> None:
+    """Every npz file of `data` holds an array for every model input (checked before any dim
+    is read from it: a wrong key is named, not reported as a missing --shape)."""
+    from winml_recipes.feeds import npz_files, npz_headers
+    from winml_recipes.sdk.errors import PlanError
+
+    option = _data_option(data)
+    if "npz" not in option:
+        return
+    path = Path(option["npz"])
+    for file in npz_files(path.name, path.parent, flag):
+        headers = npz_headers(file, flag)
+        absent = [s for s in specs if s.name not in headers]
+        if absent:
+            wanted = ", ".join(f"'{s.name}' {s.dtype}{list(s.shape)}" for s in absent)
+            raise PlanError(
+                f"{flag}: {file.name} has no array named {wanted}, an input of the model "
+                f"(it has: {', '.join(map(repr, headers)) or 'nothing'}); save the arrays "
+                "under the model's input names"
+            )
+
+
+def check_data_against_model(entry: dict, data: Mapping[str, str]) -> None:
+    """Each npz of `data` ({flag: value}) against the model at the size it will be built
+    (every key, dtype and shape, the sample axis; named dims at their value, since the
+    build fixes them), and its float values finite and sane: before any step runs."""
+    from winml_recipes.feeds import check_npz, check_npz_values, npz_files
+    from winml_recipes.sdk.contract import IOContract
+
+    comp = entry["components"]["model"]
+    specs = tuple(TensorSpec(n, t["dtype"], tuple(t["shape"])) for n, t in comp["inputs"].items())
+    contract = IOContract(specs, (), dict(comp["dims"]))
+    for flag, value in data.items():
+        option = _data_option(value)
+        if "npz" not in option:
+            continue
+        path = Path(option["npz"])
+        files = npz_files(path.name, path.parent, flag)
+        check_npz(files, contract, flag, exact_dims=True)
+        check_npz_values(files, contract, flag)
 
 
 def task_line(entry: dict, given: bool = False, change: str = "--task") -> str:
@@ -236,7 +294,7 @@ def task_line(entry: dict, given: bool = False, change: str = "--task") -> str:
     if given:
         why = "as given"
     elif "inputs" in comp and "outputs" in comp and "family" not in entry:
-        why = guess_task(comp["inputs"], comp["outputs"])[1]
+        why = guess_task(comp["inputs"], comp["outputs"], comp.get("dims"))[1]
     else:
         why = "from the model's config"
     return f"task: {task} ({why}); verify judges {', '.join(judged)}; {change} to change"
@@ -289,7 +347,7 @@ def dims_from_npz(
     if Path(data).is_dir() or "dataset" in _data_option(data):
         return {}
     path = Path(data)
-    headers = npz_headers(npz_files(path.name, path.parent)[0])
+    headers = npz_headers(npz_files(path.name, path.parent, CALIBRATION_FLAG)[0], CALIBRATION_FLAG)
     out: dict[str, tuple[int, ...]] = {}
     for spec in specs:
         if spec.name not in missing or spec.name not in headers:
@@ -512,6 +570,7 @@ def _init_export_project(
         path, commit = download_file(model_ref.repo_id, "config.json", model_ref.revision)
         check_config_file(path)
         config_dir, source = path.parent, {"ref": model_ref.repo_id, "revision": commit}
+        configs = {}
         preprocessor = _hub_preprocessor(model_ref)
     config_path = config_dir / "config.json"
     config = _auto_config(config_dir)
@@ -523,7 +582,12 @@ def _init_export_project(
         else:
             family, task = "auto", auto.task_of(config)
             components = auto.catalog_components(
-                config, task, preprocessor, config_path=config_path, source=preprocessor_path
+                config,
+                task,
+                preprocessor,
+                config_path=config_path,
+                source=preprocessor_path,
+                vocab=_ctc_vocab(model_ref, configs),
             )
     except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
         raise RecipeError(
@@ -542,6 +606,19 @@ def _init_export_project(
     }
     dims = {k: v for spec in components.values() for k, v in spec["dims"].items()}
     return _write_init(entry, dims, ref, catalog_dir, recipes_dir, made_from=config_path)
+
+
+def _ctc_vocab(model_ref: Any, configs: dict[str, Any]) -> dict[str, Any] | None:
+    """A local folder's tokenizer pad token and vocab.json (a CTC head's blank is checked
+    against them), None when it has none."""
+    from winml_recipes.untrusted import read_json_bounded
+
+    folder = getattr(model_ref, "path", None)
+    if folder is None or not (Path(folder) / "vocab.json").is_file():
+        return None
+    vocab = read_json_bounded(Path(folder) / "vocab.json")
+    pad = (configs.get("tokenizer_config.json") or {}).get("pad_token", "<pad>")
+    return {"pad_token": pad, "vocab": vocab if isinstance(vocab, dict) else {}}
 
 
 def _auto_config(config_dir: Path) -> Any:

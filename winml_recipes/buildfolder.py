@@ -20,7 +20,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from winml_recipes.sdk.contract import ImagePreprocess, IOContract, TensorSpec
+from winml_recipes.sdk.contract import AudioPreprocess, ImagePreprocess, IOContract, TensorSpec
 from winml_recipes.sdk.errors import ModelFileError, RecipeError, WinmlError
 from winml_recipes.sdk.types import UpstreamComponent
 
@@ -335,6 +335,14 @@ def contract_from_record(recorded: dict[str, Any]) -> IOContract:
             )
             if image
             else None,
+            audio=AudioPreprocess(
+                s["audio"]["feature_extractor"],
+                int(s["audio"].get("sampling_rate", 16000)),
+                tuple(sorted(dict(s["audio"].get("options") or {}).items())),
+            )
+            if s.get("audio")
+            else None,
+            ctc_blank=s.get("ctc_blank"),
         )
 
     inputs = tuple(spec(n, s) for n, s in recorded.get("inputs", {}).items())

@@ -16,7 +16,7 @@ from typing import Any
 
 from winml_recipes.data import CATALOG, builtin_dir
 from winml_recipes.schemas import NAME_PATTERN, catalog_schema
-from winml_recipes.sdk.contract import ImagePreprocess, IOContract, TensorSpec
+from winml_recipes.sdk.contract import AudioPreprocess, ImagePreprocess, IOContract, TensorSpec
 from winml_recipes.sdk.errors import CatalogError
 from winml_recipes.yamlfile import load_yaml, validate
 
@@ -253,6 +253,8 @@ def _tensor(name: str, spec: dict[str, Any]) -> TensorSpec:
         range=tuple(spec["range"]) if "range" in spec else None,
         values=tuple(spec["values"]) if "values" in spec else None,
         image=_image(spec["image"]) if "image" in spec else None,
+        audio=_audio(spec["audio"]) if "audio" in spec else None,
+        ctc_blank=spec.get("ctc_blank"),
         shape_advisory=bool(spec.get("shape_advisory", False)),
     )
 
@@ -265,6 +267,14 @@ def _image(spec: dict[str, Any]) -> ImagePreprocess:
         mean=tuple(spec.get("mean", (0.0, 0.0, 0.0))),
         std=tuple(spec.get("std", (1.0, 1.0, 1.0))),
         layout=spec.get("layout", "NCHW"),
+    )
+
+
+def _audio(spec: dict[str, Any]) -> AudioPreprocess:
+    return AudioPreprocess(
+        feature_extractor=spec["feature_extractor"],
+        sampling_rate=int(spec.get("sampling_rate", 16000)),
+        options=tuple(sorted(dict(spec.get("options") or {}).items())),
     )
 
 

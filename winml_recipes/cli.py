@@ -26,7 +26,10 @@ class _Group(click.Group):
             if ctx.obj and ctx.obj.get("debug"):
                 raise
             # Messages may quote a file or a server: no control character reaches the terminal.
-            click.echo(f"error: {printable(exc)}", err=True)
+            from winml_recipes.console import fit_all
+
+            for line in fit_all([f"error: {printable(exc)}"]):  # one line unless on a console
+                click.echo(line, err=True)
             sys.exit(exc.exit_code)
         except OSError as exc:  # a path that is not writable, not a directory, ...
             if ctx.obj and ctx.obj.get("debug"):
@@ -348,9 +351,11 @@ def build(
         if as_json:
             _echo_json(result.manifest)
         else:
+            from winml_recipes.console import fit_all
+
             _print_summary(result.manifest, result.output_dir)
-            for note in result.notes:
-                click.echo(note)
+            for line in fit_all(result.notes):
+                click.echo(line)
         return
     if shapes or calibration_data or eval_data or allow_calibration_overlap or task:
         raise RecipeError(
@@ -522,10 +527,11 @@ def _reporter(quiet: bool):
 
 
 def _print_summary(m: dict[str, Any], output_dir) -> None:
+    from winml_recipes.console import fit_all
     from winml_recipes.presenter import summary_lines
     from winml_recipes.sdk.records import Manifest
 
-    for line in summary_lines(Manifest.from_json(m), output_dir):
+    for line in fit_all(summary_lines(Manifest.from_json(m), output_dir)):
         click.echo(line)
 
 
@@ -686,7 +692,7 @@ def inspect(model, as_json) -> None:
 
 
 COMPARE_TOP = 15
-_TENSOR_WIDTH = 34
+_TENSOR_WIDTH = 21  # a row: 80 columns
 
 
 @main.command()
@@ -775,7 +781,9 @@ def compare(
     if as_json:
         _echo_json(report)
         return
-    for line in compare_lines(report, threshold_db, None if show_all else top):
+    from winml_recipes.console import fit_all
+
+    for line in fit_all(compare_lines(report, threshold_db, None if show_all else top)):
         click.echo(line)
 
 
@@ -784,8 +792,10 @@ def compare_lines(report: dict[str, Any], threshold_db: float, top: int | None) 
     lose on the target (`top` of them; None: all), the first divergence."""
     placement = report.get("placement", {}).get("nodes", {})
     where = ", ".join(f"{k}: {v}" for k, v in placement.items())
+    from winml_recipes.sdk.ep import ran_on_name
+
     lines = [
-        f"ran on {report['verified_on']} ({where}), {report['samples']} samples; "
+        f"ran on {ran_on_name(report)} ({where}), {report['samples']} samples; "
         f"inputs: {report['inputs_from']}"
     ]
     if report.get("build_status") == "failed":
@@ -853,7 +863,20 @@ def _compare_row(rank: int, row: dict[str, Any], first: bool) -> str:
 @click.argument("builds", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--ep", help="Execution provider key (see `passes`; default: the target's).")
 @click.option("--device", help="Time on this device's EP instead (cpu, npu).")
-@click.option("--iterations", default=50, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--iterations",
+    type=click.IntRange(1),
+    help="Timed runs per row (default: as many as --budget holds, up to 200).",
+)
+@click.option(
+    "--budget",
+    "budget_seconds",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds of runs for all rows together, when --iterations is not given: each "
+    "row times one run first and sizes its runs by it.",
+)
 @click.option("--warmup", default=5, show_default=True, type=click.IntRange(0))
 @click.option(
     "-o", "--output", "output_root", default="build", type=click.Path(path_type=Path),
@@ -862,16 +885,24 @@ def _compare_row(rank: int, row: dict[str, Any], first: bool) -> str:
 @click.option("--catalog", "catalog_dir", type=click.Path(path_type=Path, file_okay=False),
               help="The project's catalog (input contracts).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True)
-def perf(builds, ep, device, iterations, warmup, output_root, catalog_dir, as_json) -> None:
+def perf(
+    builds, ep, device, iterations, budget_seconds, warmup, output_root, catalog_dir, as_json
+) -> None:  # fmt: skip
     """Time built targets: session creation (uncompiled vs EPContext), latency P50/P90/P99,
     throughput and peak memory, per component and for the pipeline. BUILDS: build folders
     (build/<recipe>/<device>-<precision>) or recipes (all their built targets), in one table.
     """
     from winml_recipes import api
+    from winml_recipes.console import fit_all
     from winml_recipes.perf import format_table
 
+    def say(line: str) -> None:  # estimates, before and while it runs
+        for part in fit_all([line]):
+            click.echo(part, err=True)
+
     report = api.perf(builds, ep=ep, device=device, iterations=iterations, warmup=warmup,
-                      output_root=output_root, catalog_dir=catalog_dir)  # fmt: skip
+                      output_root=output_root, catalog_dir=catalog_dir,
+                      budget_seconds=budget_seconds, say=say)  # fmt: skip
     if as_json:
         _echo_json(report)
         return

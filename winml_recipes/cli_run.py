@@ -62,23 +62,31 @@ def run_command(
     execution provider, and the float model on the CPU EP; writes the outputs, a JSON
     summary and, for image tasks, a PNG of both results and their difference."""
     from winml_recipes import api
+    from winml_recipes.console import fit_all
 
     if build.is_file():
         build = api.build(build, device=device, precision=precision, ep=ep).output_dir
+
+    def say(line: str) -> None:  # the cost on the target, before it starts
+        for part in fit_all([line]):
+            click.echo(part, err=True)
+
     summary = api.run(build, image=image, points=points, boxes=boxes, npz=npz,
-                      output_dir=output, compiled=compiled)  # fmt: skip
+                      output_dir=output, compiled=compiled, say=say)  # fmt: skip
     if as_json:
         click.echo(json.dumps(summary, indent=2, default=str))
         return
-    for line in summary_lines(summary):
+    for line in fit_all(summary_lines(summary)):
         click.echo(line)
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
     """What a run printed: where each component ran, the task metric, output SQNRs."""
+    from winml_recipes.sdk.ep import ran_on_name
+
     target = summary["target"]
     ran = ", ".join(
-        f"{name} on {r['ran_on']} ({Path(r['model']).name})"
+        f"{name} on {ran_on_name(r)} ({Path(r['model']).name})"
         for name, r in summary["target_run"].items()
     )
     label = "/".join(target[k] for k in ("device", "precision", "ep") if target.get(k))
@@ -113,4 +121,7 @@ def report_command(build, layers) -> None:
     verdicts, metrics, a per-layer SQNR plot, the run pictures, placement, step times."""
     from winml_recipes import api
 
-    click.echo(f"wrote {api.report(build, layers=layers)}")
+    def say(line: str) -> None:  # what it is doing, while it works
+        click.echo(line, err=True)
+
+    click.echo(f"wrote {api.report(build, layers=layers, say=say)}")

@@ -29,6 +29,7 @@ from winml_recipes.prompts import PROMPT_PLAN
 from winml_recipes.sdk.contract import IOContract, TensorSpec, resolve_shape
 from winml_recipes.sdk.errors import PassError, PlanError
 from winml_recipes.sdk.types import DataRead, UpstreamComponent
+from winml_recipes.speech import bundled_audio_input
 from winml_recipes.untrusted import printable
 
 Feed = dict[str, np.ndarray]
@@ -78,19 +79,26 @@ def _spec_text(spec: TensorSpec, dims: Mapping[str, int]) -> str:
 
 
 MAX_SAMPLES_PER_FILE = 4096
+CALIBRATION_NPZ = "calibration.npz"  # the option an npz error names (verify's: verify.npz)
+# Input values this large are not data (a float32 max written for "missing", an overflow):
+# one of them stretches a calibration range until every real value rounds to zero.
+ABSURD = 1e30
 
 
-def npz_files(pattern: str, base: Path) -> list[Path]:
+def npz_files(pattern: str, base: Path, what: str = CALIBRATION_NPZ) -> list[Path]:
+    """The files a glob names; `what` (the option, e.g. `verify.npz`) heads every error."""
     full = pattern if Path(pattern).is_absolute() else str(base / pattern)
     files = sorted(Path(p) for p in glob.glob(full))
     if not files:
-        raise PlanError(f"calibration.npz: no file matches '{pattern}' (relative to {base})")
+        raise PlanError(f"{what}: no file matches '{pattern}' (relative to {base})")
     for path in files:
-        require_regular_file(path, "calibration.npz")
+        require_regular_file(path, what)
     return files
 
 
-def npz_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+def npz_headers(
+    path: Path, what: str = CALIBRATION_NPZ
+) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """Shape and dtype of every array in an .npz, read from the .npy headers only.
 
     Nothing is decompressed beyond the headers, so a small file declaring a huge array (or a
@@ -114,72 +122,109 @@ def npz_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
                     shape, _, dtype = read(member)
                 if dtype.hasobject:
                     raise PlanError(
-                        f"calibration.npz: {path.name}: '{info.filename[:-4]}' is an object "
+                        f"{what}: {path.name}: '{info.filename[:-4]}' is an object "
                         "array (pickled data is never loaded); save plain numeric arrays"
                     )
                 declared = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
                 if declared > info.file_size:
                     raise PlanError(
-                        f"calibration.npz: {path.name}: '{info.filename[:-4]}' declares "
+                        f"{what}: {path.name}: '{info.filename[:-4]}' declares "
                         f"{declared} bytes but holds {info.file_size}; the file is damaged"
                     )
                 out[info.filename[:-4]] = (tuple(shape), dtype)
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
-        raise PlanError(f"calibration.npz: cannot read {path}: {exc}") from None
+        raise PlanError(f"{what}: cannot read {path}: {exc}") from None
     return out
 
 
-def check_npz(files: list[Path], contract: IOContract) -> int:
-    """Validate every file against the contract; returns the number of samples available."""
+def check_npz(
+    files: list[Path],
+    contract: IOContract,
+    what: str = CALIBRATION_NPZ,
+    exact_dims: bool = False,
+) -> int:
+    """Validate every file against the contract; returns the number of samples available.
+
+    `what` (the option, e.g. `verify.npz` or `--eval-data`) heads every error. With
+    `exact_dims`, named dims must hold the contract's values too (a model whose shapes the
+    build fixes runs at no other size)."""
     total = 0
     for path in files:
-        headers = npz_headers(path)
+        headers = npz_headers(path, what)
         n = None
         for spec in contract.inputs:
+            expected = _spec_text(spec, contract.dims)
             if spec.name not in headers:
                 raise PlanError(
-                    f"calibration.npz: {path.name} has no input '{spec.name}' "
-                    f"(expected {_spec_text(spec, contract.dims)}; it has: "
-                    f"{', '.join(headers) or 'nothing'})"
+                    f"{what}: {path.name} has no input '{spec.name}' (expected {expected}; "
+                    f"it has: {', '.join(headers) or 'nothing'})"
                 )
             shape, dtype = headers[spec.name]
             want = resolve_shape(spec, contract.dims)
             if dtype != np.dtype(spec.dtype):
                 raise PlanError(
-                    f"calibration.npz: {path.name}: input '{spec.name}' is {dtype}, "
-                    f"expected {_spec_text(spec, contract.dims)}"
+                    f"{what}: {path.name}: input '{spec.name}' is {dtype}, expected {expected}"
                 )
-            if _matches(shape, want, spec) and not _too_big(shape, want):
-                if _batch_ambiguous(shape, want, spec):
-                    raise PlanError(
-                        f"calibration.npz: {path.name}: input '{spec.name}' has shape "
-                        f"{list(shape)} where the catalog says {_spec_text(spec, contract.dims)}"
-                        f": one sample of {spec.shape[0]} {shape[0]}, or {shape[0]} samples? "
-                        f"Stack samples on a new leading axis ({[shape[0], 1, *shape[1:]]}), "
-                        f"or set dims {spec.shape[0]}: {shape[0]} to calibrate with that batch"
-                    )
+            fits = _exact if exact_dims else _matches
+            loose = _matches(shape, want, spec) and not _too_big(shape, want)
+            if loose and _batch_ambiguous(shape, want, spec):
+                raise PlanError(
+                    f"{what}: {path.name}: input '{spec.name}' has shape "
+                    f"{list(shape)} where the catalog says {expected}"
+                    f": one sample of {spec.shape[0]} {shape[0]}, or {shape[0]} samples? "
+                    f"Stack samples on a new leading axis ({[shape[0], 1, *shape[1:]]}), "
+                    f"or set dims {spec.shape[0]}: {shape[0]} to calibrate with that batch"
+                )
+            if fits(shape, want, spec) and not _too_big(shape, want):
                 count = 1
             elif (
                 len(shape) == len(want) + 1
-                and _matches(shape[1:], want, spec)
+                and fits(shape[1:], want, spec)
                 and shape[0] <= MAX_SAMPLES_PER_FILE
                 and not _too_big(shape[1:], want)
             ):
                 count = shape[0]
             else:
                 raise PlanError(
-                    f"calibration.npz: {path.name}: input '{spec.name}' has shape "
-                    f"{list(shape)}, expected {_spec_text(spec, contract.dims)} "
+                    f"{what}: {path.name}: input '{spec.name}' has shape "
+                    f"{list(shape)}, expected {expected} "
                     f"(optionally with a leading sample axis of at most "
                     f"{MAX_SAMPLES_PER_FILE})"
                 )
             if n is not None and count != n:
-                raise PlanError(
-                    f"calibration.npz: {path.name}: inputs have different sample counts"
-                )
+                raise PlanError(f"{what}: {path.name}: inputs have different sample counts")
             n = count
         total += n or 0
     return total
+
+
+def check_npz_values(files: list[Path], contract: IOContract, what: str = CALIBRATION_NPZ) -> None:
+    """Refuse NaN, +-Inf and absurd magnitudes (|x| >= 1e30) in the float inputs of every
+    file, naming the file, the input and the sample: calibration would drop such a tensor's
+    range (the model stays float) or stretch it until real values round to zero, and
+    verification would score noise. Read one array at a time (after check_npz)."""
+    for path in files:
+        with np.load(path, allow_pickle=False) as data:
+            for spec in contract.inputs:
+                if spec.name not in data.files:
+                    continue
+                array = data[spec.name]
+                if not np.issubdtype(array.dtype, np.floating):
+                    continue
+                bad = ~np.isfinite(array) | (np.abs(array) >= ABSURD)
+                if not bad.any():
+                    continue
+                stacked = array.ndim == len(spec.shape) + 1
+                at = np.argwhere(bad)[0]
+                value = float(array[tuple(at)])
+                sample = f"sample {int(at[0])}" if stacked else "its one sample"
+                count = int(bad.sum())
+                raise PlanError(
+                    f"{what}: {path.name}: input '{spec.name}', {sample}, holds {value:g}"
+                    f" at {[int(i) for i in at]} ({count} such value{'s' * (count > 1)}: "
+                    "NaN, Inf or |x| >= 1e30); fix or drop that sample before calibrating "
+                    "or verifying"
+                )
 
 
 MAX_DYNAMIC_DIM_FACTOR = 64
@@ -196,6 +241,11 @@ def _batch_ambiguous(got: tuple[int, ...], want: tuple[int, ...], spec: TensorSp
     """A leading named dim valued 1 (a batch) that the array fills with more: it may be a
     stack of samples missing their batch axis as well as one bigger batch."""
     return bool(got) and isinstance(spec.shape[0], str) and want[0] == 1 and got[0] != 1
+
+
+def _exact(got: tuple[int, ...], want: tuple[int, ...], spec: TensorSpec) -> bool:
+    """Every dim at the contract's value (named dims at the value the build fixes)."""
+    return tuple(got) == tuple(want)
 
 
 def _matches(got: tuple[int, ...], want: tuple[int, ...], spec: TensorSpec) -> bool:
@@ -498,11 +548,12 @@ def feeds_for(
             )
         return lambda: hfdata.samples(split, contract, samples, skip)
     if opts.get("npz"):
-        files = npz_files(opts["npz"], base)
-        available = check_npz(files, contract)
+        what = CALIBRATION_NPZ if for_calibration else "verify.npz"
+        files = npz_files(opts["npz"], base, what)
+        available = check_npz(files, contract, what)
         if skip and available <= skip:
             raise PlanError(
-                f"calibration.npz: {available} samples, all used for calibration; held-out "
+                f"{what}: {available} samples, all used for calibration; held-out "
                 f"scoring needs more (add samples beyond the first {skip})"
             )
         return from_npz(files, contract, samples, skip)
@@ -530,7 +581,25 @@ def feeds_for(
 
         split = "heldout" if held_out else "calibration"
         return from_images(list(bundled_images(split)), contract, samples, seed, skip)
+    if bundled_audio_input(contract) is not None:
+        return _bundled_speech(contract, samples, seed, skip, held_out)
     return synthetic(contract, samples, seed)
+
+
+def _bundled_speech(
+    contract: IOContract, samples: int, seed: int, skip: int, held_out: bool
+) -> FeedFactory:
+    """The bundled spoken sentences (held-out or calibration clips) through the audio input's
+    feature extractor; the other inputs seeded."""
+    from winml_recipes.speech import bundled_speech, from_speech
+
+    audio = bundled_audio_input(contract)
+    files = list(bundled_speech("heldout" if held_out else "calibration"))
+    others = IOContract(
+        tuple(s for s in contract.inputs if s is not audio), contract.outputs, contract.dims
+    )
+    rest = synthetic(others, samples, seed)
+    return lambda: from_speech(files, contract, rest, samples, skip)
 
 
 def bundled_image_input(contract: IOContract) -> TensorSpec | None:
@@ -551,6 +620,8 @@ def describe_source(options: Mapping[str, Any] | None, contract: IOContract, hel
         return f"inputs_from: {opts['inputs_from']}{prompts}"
     if bundled_image_input(contract) is not None:
         return f"bundled photos ({'heldout' if held_out else 'calibration'} set)"
+    if bundled_audio_input(contract) is not None:
+        return f"bundled speech ({'heldout' if held_out else 'calibration'} set)"
     if prompt_frame(contract) is not None:
         return f"synthetic (catalog I/O contract; {PROMPT_PLAN})"
     return "synthetic (catalog I/O contract)"
@@ -582,6 +653,9 @@ def upstream_data_digest(
     opts = dict(options or {})
     # the bundled photographs feed image inputs that have no data of their own
     out: dict[str, Any] = {"own": data_digest(opts, base), "bundled": bundle_digest()}
+    from winml_recipes.speech import bundle_digest as speech_digest
+
+    out["bundled_speech"] = speech_digest()  # and the bundled speech feeds audio inputs
     source = opts.get("inputs_from")
     if source and source in upstream:
         out[source] = data_digest(upstream[source].calibration, base)

@@ -5,7 +5,7 @@ it on the CPU EP. The build is read by `buildfolder.open_build(path, contracts=T
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,18 +67,33 @@ def run_float(build: BuildFolder, inputs: Mapping[str, np.ndarray]) -> PipelineR
 
 
 def run_target(
-    build: BuildFolder, inputs: Mapping[str, np.ndarray], compiled: bool | None = None
+    build: BuildFolder,
+    inputs: Mapping[str, np.ndarray],
+    compiled: bool | None = None,
+    simulate: Collection[str] = (),
 ) -> PipelineRun:
     """The built pipeline on the target device's EP (CPU simulation where that EP cannot load
     here, said in `ran_on`). `compiled`: the EPContext model (None: where there is one and
-    the EP loads)."""
+    the EP loads). `simulate`: components run on the CPU simulation of their uncompiled
+    model instead (what the emulated target cannot run in time here)."""
     from winml_recipes.runtime.providers import availability, get_provider
+    from winml_recipes.runtime.sessions import open_session
     from winml_recipes.runtime.target import target_session
 
     ep = get_provider(build.ep_key)
     on_ep = ep.is_cpu or availability(ep.key).available
     run = PipelineRun()
     for comp in build.components:
+        if comp.name in simulate and comp.model is not None:
+            feed = _feed_for(comp, inputs, run.outputs)
+            run.feeds[comp.name] = feed
+            run.outputs[comp.name] = open_session(comp.model).run(feed)
+            run.ran_on[comp.name] = {
+                "model": _rel(comp.model, build.folder),
+                "ran_on": "cpu-simulation",
+                "target_name": "the CPU simulation",
+            }
+            continue
         use_ctx = comp.compiled is not None and on_ep and compiled is not False
         if compiled and comp.compiled is None:
             raise ModelFileError(
@@ -97,6 +112,8 @@ def run_target(
         run.feeds[comp.name] = feed
         run.outputs[comp.name] = session.run(feed)
         run.ran_on[comp.name] = {"model": _rel(path, build.folder), "ran_on": record["verified_on"]}
+        if record.get("target_name"):
+            run.ran_on[comp.name]["target_name"] = record["target_name"]
         if "placement" in record:
             run.ran_on[comp.name]["placement"] = record["placement"]
     return run

@@ -144,8 +144,9 @@ def output_line(output: str, metrics: dict[str, Any], gates: list[Gate]) -> str:
         "cosine": f"cosine {metrics['cosine']:.5f}",
         "max_abs": f"max_abs {metrics['max_abs']:.3g}",
     }
-    if "decision_iou" in held:
-        shown["decision_iou"] = ""
+    for metric in ("decision_iou", "argmax_agreement"):  # shown where they gate
+        if metric in held:
+            shown[metric] = ""
     parts = [held[m].line(with_output=False) if m in held else text for m, text in shown.items()]
     return f"{output}{f' ({kind})' if kind else ''}: " + ", ".join(parts)
 
@@ -171,7 +172,9 @@ def where_verified(metrics: dict[str, Any]) -> str:
         if ep.get("available"):
             return f"cpu-simulation: {ep.get('reason')}"
         return f"cpu-simulation: {ep.get('provider')} is not available here ({ep.get('reason')})"
+    from winml_recipes.sdk.ep import ran_on_name
+
     versions = ", ".join(f"{k} {v}" for k, v in ep.get("versions", {}).items())
     nodes = metrics.get("placement", {}).get("nodes", {})
     placed = ", ".join(f"{k} {v} nodes" for k, v in nodes.items())
-    return f"{where} ({versions})" + (f": {placed}" if placed else "")
+    return f"{ran_on_name(metrics)} ({versions})" + (f": {placed}" if placed else "")

@@ -173,18 +173,31 @@ class _Rich(Reporter):
         self.rest = f": {step.name}"
         self.task = self.progress.add_task("", total=None, name=component, rest=self.rest)
 
+    def _live(self) -> Any:
+        """The step's rich task, its clock running again: rich stops a task's elapsed time
+        the first time a count completes, and a step counts several things in turn (verify:
+        reference samples, then samples on the target), so the shown time would stay at the
+        first count's end."""
+        task = next((t for t in self.progress.tasks if t.id == self.task), None)
+        if task is not None:
+            task.finished_time = None
+        return task
+
     def step_progress(
         self, component: str, step: PlannedStep, what: str, done: int, total: int | None
     ) -> None:
+        self._live()
         self.progress.update(self.task, completed=done, total=total, rest=f"{self.rest} {what}")
 
     def step_finished(self, component: str, step: PlannedStep, record: StepRecord) -> None:
         status = record.status
         extra = f" ({record.reason})" if status == "skipped" else ""
-        task = self.progress.tasks[-1] if self.progress.tasks else None
+        task = self._live()
         total = task.total if task is not None and task.total else 1
         rest = f": {step.name} [{status}]{extra}"
         self.progress.update(self.task, completed=total, total=total, rest=rest)
+        if task is not None:  # the whole step's time, as the manifest records it
+            task.finished_time = record.wall_seconds
 
     def message(self, text: str) -> None:
         self.console.print(text)

@@ -2,9 +2,12 @@
 URIs, a Content-Security-Policy that forbids every load from the network, no scripts).
 
 It holds the verdicts and task metrics, per-output metrics, a per-layer SQNR plot (target
-and CPU simulation vs float; computed here, only where cheap unless asked), the `run`
-picture on the bundled held-out photo, node placement, step times and peak memory, and
-versions. Written at the end of every successful build; `winml-recipes report` rewrites it.
+and CPU simulation vs float, with the layers where the target departs from the simulation
+marked: what verify recorded, passes/verify_layers.py), the picture of the last
+`winml-recipes run`, node placement, step times and peak memory, and versions. It is made
+from the build folder alone and runs nothing on the target (only `--layers`, asked for, on
+a build whose verify recorded no per-layer data). A failed build's page leads with what
+failed. Written at the end of every build; `winml-recipes report` rewrites it.
 """
 
 from __future__ import annotations
@@ -12,18 +15,18 @@ from __future__ import annotations
 import base64
 import html
 import os
-import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from winml_recipes.buildfolder import BuildFolder, open_build
+from winml_recipes.passes.verify_layers import LAYERS_ENV, LAYERS_MAX_MB, QUANTIZED
 from winml_recipes.report_svg import layer_plot
+from winml_recipes.sdk.ep import ran_on_name
 
 REPORT = "report.html"
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; form-action 'none'"
-LAYERS_MAX_MB = 64.0  # per-layer comparison by default only for builds this small
-QUANTIZED = ("uint8", "int8", "w8a16")
+ADHOC = "winml-adhoc-"  # the folder `build --onnx` generates its recipe in (api.build_onnx)
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#1b1b1b;max-width:1400px}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
@@ -78,7 +81,7 @@ def _verify_section(build: BuildFolder) -> str:
             parts.append(f'<p class="note">not verified: {_e(why)}</p>')
             continue
         m = verify["metrics"]
-        where = m.get("verified_on", "?")
+        where = ran_on_name(m) if m.get("verified_on") else "?"
         parts.append(
             f"<p>verified on <b>{_e(where)}</b> with {_e(m.get('data_source', '?'))} "
             f"({_e(m.get('samples', '?'))} samples): {_verdict(m.get('passed'))}</p>"
@@ -140,87 +143,159 @@ def _model_mb(build: BuildFolder) -> float:
     return sum(f.stat().st_size for p in paths for f in p.parent.glob("model.onnx*")) / 1e6
 
 
-LAYERS_ENV = "WINML_RECIPES_REPORT_LAYERS"  # 0: builds' reports skip the per-layer plot
+def _recorded_layers(build: BuildFolder, name: str) -> dict[str, Any] | None:
+    verify = _step(build.manifest["components"][name], "verify")
+    layers = (verify or {}).get("metrics", {}).get("layers")
+    return layers if isinstance(layers, dict) else None
 
 
-def _layers_wanted(build: BuildFolder, layers: bool | None) -> tuple[bool, str]:
-    if layers is not None:
-        return layers, "asked for" if layers else "turned off (--no-layers)"
-    if os.environ.get(LAYERS_ENV) == "0":
-        return False, f"turned off ({LAYERS_ENV}=0)"
+def _not_recorded_why(build: BuildFolder) -> str:
+    if build.failed:
+        return "the build failed before verify recorded it"
     if build.precision not in QUANTIZED or build.device != "npu":
-        return False, (
-            f"computed by default only for quantized npu builds ({build.device}/"
-            f"{build.precision} is not one)"
+        return (
+            f"recorded only for quantized npu builds ({build.device}/{build.precision} is not one)"
         )
+    if os.environ.get(LAYERS_ENV) == "0":
+        return f"turned off while it was built ({LAYERS_ENV}=0)"
     size = _model_mb(build)
     if size > LAYERS_MAX_MB:
-        return False, f"models of {size:.0f} MB, above the {LAYERS_MAX_MB:.0f} MB default cap"
-    return True, f"quantized npu build, models of {size:.1f} MB"
+        return f"models of {size:.0f} MB, above the {LAYERS_MAX_MB:.0f} MB default cap"
+    return "verify did not record it (it did not run the model on the target)"
+
+
+def _sample_words(build: BuildFolder, name: str) -> str:
+    """What a recorded per-layer plot's sample is, in words that fit the model."""
+    m = ((_step(build.manifest["components"][name], "verify") or {}).get("metrics")) or {}
+    return f"the first verify measured ({m.get('data_source') or 'seeded inputs'})"
 
 
 def _layers_section(
-    build: BuildFolder, feeds: dict[str, dict], layers: bool | None, blocked: str | None
+    build: BuildFolder,
+    layers: bool | None,
+    blocked: str | None,
+    say: Callable[[str], None] | None,
 ) -> str:
-    from winml_recipes.feeds import synthetic, take
-    from winml_recipes.quant.divergence import compare_tensors
-
-    wanted, why = _layers_wanted(build, layers)
-    cmd = f"<code>winml-recipes report {_e(build.folder)} --layers</code>"
-    if not wanted and layers is None and build.precision not in QUANTIZED:
+    """The per-layer plot: from what verify recorded (no run here); computed on request
+    (`layers=True`) where verify recorded nothing and the target may run (`blocked`)."""
+    if build.precision not in QUANTIZED and layers is None:
         return (
             f'<p class="note">Not computed: a {_e(build.precision)} build has no quantized '
             f"activations to compare.</p>"
         )
-    if not wanted:
-        return f'<p class="note">Not computed: {_e(why)}. To compute it: {cmd}.</p>'
-    if blocked is not None:
-        return f'<p class="note">Not computed: {_e(blocked)}.</p>'
+    recorded = {c.name: _recorded_layers(build, c.name) for c in build.components}
+    if layers is False:
+        return '<p class="note">Not shown: turned off (--no-layers).</p>'
+    cmd = f"<code>winml-recipes report {_e(build.folder)} --layers</code>"
+    if not any(recorded.values()) and not layers:
+        why = _not_recorded_why(build)
+        extra = "" if build.failed else f" To compute it (another run on the target): {cmd}."
+        return f'<p class="note">Not recorded: {_e(why)}.{extra}</p>'
     parts = [
-        f'<p class="note">Each quantized activation of the model on the target and on the '
-        f"CPU EP's simulation of Q/DQ, against the float model's tensor, in graph order; one "
-        f"sample (the photo and prompt of the picture above, the decoder fed the float "
-        f"encoder's outputs where it has an image input; else seeded inputs). Computed because: "
-        f"{_e(why)}.</p>"
+        '<p class="note">Each quantized activation of the model on the target and on the '
+        "CPU EP's simulation of Q/DQ, against the float model's tensor, in graph order, on "
+        "one sample (said under each plot). Red marks: layers where the target departs from "
+        "the simulation (below the threshold against it and 3 dB or more further from "
+        "float).</p>"
     ]
     for comp in build.components:
         parts.append(f"<h3>{_e(comp.name)}</h3>")
-        if comp.model is None or comp.reference is None:
-            parts.append('<p class="note">no uncompiled model and float reference to compare</p>')
+        data = recorded.get(comp.name)
+        if data is None and layers:
+            data = _compute_layers(build, comp, blocked, say)
+        if data is None:
+            parts.append('<p class="note">not recorded by verify</p>')
             continue
-        feed = feeds.get(comp.name) or take(synthetic(comp.contract, 1, 0), 1)[0]
-        try:
-            with tempfile.TemporaryDirectory(prefix="winml-report-") as tmp:
-                rows, record = compare_tensors(
-                    comp.model, comp.reference, [feed], build.device, Path(tmp), build.ep_key
-                )
-        except Exception as exc:  # a report section that cannot be made says why
-            parts.append(f'<p class="note">not computed: {_e(_first_line(exc))}</p>')
+        if data.get("error"):
+            parts.append(f'<p class="note">not computed: {_e(data["error"])}</p>')
             continue
-        if not rows:
-            parts.append('<p class="note">no quantized activations to compare</p>')
-            continue
-        series = [
-            ("target vs float", "#2060d0", [r.target_vs_float_db for r in rows]),
-            ("CPU simulation vs float", "#e07b00", [r.simulation_vs_float_db for r in rows]),
-        ]
-        parts.append(layer_plot(comp.name, series, record.get("verified_on", build.device)))
-        worst = sorted(rows, key=lambda r: r.target_vs_float_db)[:8]
-        parts.append(
-            _table(
-                ["lowest on the target", "op", "target vs float dB", "simulation vs float dB"],
-                [
-                    [
-                        _e(r.tensor),
-                        _e(r.op_type),
-                        f'<span class="num">{_num(r.target_vs_float_db, ".1f")}</span>',
-                        f'<span class="num">{_num(r.simulation_vs_float_db, ".1f")}</span>',
-                    ]
-                    for r in worst
-                ],
-            )
-        )
+        parts.append(_layer_plot_and_table(build, comp.name, data))
     return "".join(parts)
+
+
+def _compute_layers(
+    build: BuildFolder, comp: Any, blocked: str | None, say: Callable[[str], None] | None
+) -> dict[str, Any] | None:
+    """On request: the per-layer record of one seeded or bundled sample, as verify makes it."""
+    from winml_recipes.feeds import synthetic, take
+    from winml_recipes.passes.verify_layers import layer_record
+    from winml_recipes.runtime.target import run_on_target
+    from winml_recipes.sdk.ep import shown_name
+
+    if comp.model is None or comp.reference is None:
+        return {"error": "no uncompiled model and float reference to compare"}
+    if blocked is not None:
+        return {"error": blocked}
+    if say is not None:
+        say(f"report: per-layer comparison of {comp.name} on {shown_name(build.ep_key)}")
+    feed = take(synthetic(comp.contract, 1, 0), 1)[0]
+    try:
+        untapped = run_on_target(
+            comp.model, [feed], build.device, {"allow_cpu_fallback": True}, ep=build.ep_key
+        ).outputs[0]
+    except Exception as exc:  # a report section that cannot be made says why
+        return {"error": _first_line(exc)}
+    data = layer_record(comp.model, comp.reference, feed, untapped, build.device, build.ep_key)
+    data["source"] = "computed by the report on request, on one seeded sample"
+    return data
+
+
+def _layer_plot_and_table(build: BuildFolder, name: str, data: dict[str, Any]) -> str:
+    from winml_recipes.passes.verify_layers import rows_of
+    from winml_recipes.quant.divergence import TensorRow, first_divergence
+    from winml_recipes.sdk.ep import shown_name
+
+    rows = [
+        TensorRow(r["tensor"], r["op_type"], "", float(r["target_vs_float_db"]),
+                  float(r["simulation_vs_float_db"]), float(r["target_vs_simulation_db"]))
+        for r in rows_of(data)
+    ]  # fmt: skip
+    if not rows:
+        return '<p class="note">no quantized activations to compare</p>'
+    threshold = float(data.get("threshold_db") or 30.0)
+    departed = [i for i, r in enumerate(rows) if first_divergence([r], threshold) is not None]
+    series = [
+        ("target vs float", "#2060d0", [r.target_vs_float_db for r in rows]),
+        ("CPU simulation vs float", "#e07b00", [r.simulation_vs_float_db for r in rows]),
+    ]
+    verify = _step(build.manifest["components"][name], "verify") or {}
+    where = ran_on_name(verify.get("metrics") or {}) if verify else shown_name(build.ep_key)
+    out = [layer_plot(name, series, where, flagged=departed)]
+    source = data.get("source") or _sample_words(build, name)
+    out.append(f'<p class="note">sample: {_e(source)}</p>')
+    if departed:
+        first = rows[departed[0]]
+        out.append(
+            f'<p class="fail">{len(departed)} layer(s) where the target departs from the '
+            f"simulation; the first: {_e(first.tensor)} ({_e(first.op_type)}) "
+            f"{first.target_vs_float_db:.1f} dB on the target vs "
+            f"{first.simulation_vs_float_db:.1f} dB simulated. Where and why: "
+            f"<code>winml-recipes compare {_e(build.folder)} --component {_e(name)}</code></p>"
+        )
+    worst = sorted(rows, key=lambda r: r.target_vs_float_db)[:8]
+    flagged = {rows[i].tensor for i in departed}
+    out.append(
+        _table(
+            [
+                "lowest on the target",
+                "op",
+                "target vs float dB",
+                "simulation vs float dB",
+                "departs",
+            ],
+            [
+                [
+                    _e(r.tensor),
+                    _e(r.op_type),
+                    f'<span class="num">{_num(r.target_vs_float_db, ".1f")}</span>',
+                    f'<span class="num">{_num(r.simulation_vs_float_db, ".1f")}</span>',
+                    '<span class="fail">yes</span>' if r.tensor in flagged else "no",
+                ]
+                for r in worst
+            ],
+        )
+    )
+    return "".join(out)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -228,37 +303,39 @@ def _first_line(exc: BaseException) -> str:
     return (text.splitlines() or [type(exc).__name__])[0][:300]
 
 
-def _picture_section(build: BuildFolder, blocked: str | None) -> tuple[str, dict[str, dict]]:
-    """The run on the bundled held-out photo (image models), and the float feeds it used."""
-    from winml_recipes.runbuild import run_and_write, sample_photo
+def _picture_section(build: BuildFolder) -> str:
+    """The picture `winml-recipes run` drew into BUILD/run (reused: the report runs
+    nothing); else one line on how to make it and what that costs."""
+    import json
+
+    from winml_recipes.runcost import run_cost
 
     if build.image_input() is None:
-        return '<p class="note">not an image model: no picture</p>', {}
-    if blocked is not None:
-        cmd = f"<code>winml-recipes run {_e(build.folder)}</code>"
-        return f'<p class="note">not made: {_e(blocked)}; {cmd} makes it on request.</p>', {}
-    photo = sample_photo()
-    with tempfile.TemporaryDirectory(prefix="winml-report-") as tmp:
-        try:
-            outcome = run_and_write(build.folder, image=photo, output_dir=Path(tmp))
-        except Exception as exc:  # a report section that cannot be made says why
-            return f'<p class="note">not made: {_e(_first_line(exc))}</p>', {}
-        summary = outcome.summary
-        png = Path(summary["picture"]).read_bytes() if summary.get("picture") else None
-    feeds = outcome.float_run.feeds if outcome.float_run is not None else {}
-    notes = "".join(f"<li>{_e(n)}</li>" for n in summary.get("notes", []))
-    text = (
-        f"<p>The bundled held-out photo <code>{_e(photo.name)}</code> through the whole "
-        f"pipeline: the float models on the CPU EP and the build on its target. The same as "
-        f"<code>winml-recipes run {_e(build.folder)}</code> (which defaults to this photo).</p>"
-        + (f"<ul class='note'>{notes}</ul>" if notes else "")
-    )
-    if png is not None:
-        data = base64.b64encode(png).decode("ascii")
-        text += (
-            f'<img class="run" alt="run on {_e(photo.name)}" src="data:image/png;base64,{data}">'
+        return '<p class="note">not an image model: no picture</p>'
+    cmd = f"<code>winml-recipes run {_e(build.folder)}</code>"
+    summary_path = build.folder / "run" / "summary.json"
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        png = (summary_path.parent / Path(summary["picture"]).name).read_bytes()
+    except (OSError, ValueError, KeyError, TypeError):
+        if build.failed:
+            return '<p class="note">not made: the build failed</p>'
+        cost = run_cost(build)
+        about = f" (about {cost.seconds:.0f} s on the target here)" if cost.seconds else ""
+        return (
+            f'<p class="note">not made during the build (the report runs nothing on the '
+            f"target): {cmd} makes it{_e(about)}, then <code>winml-recipes report "
+            f"{_e(build.folder)}</code> shows it here.</p>"
         )
-    return text, feeds
+    photo = Path(summary.get("image") or "photo").name
+    notes = "".join(f"<li>{_e(n)}</li>" for n in summary.get("notes", []))
+    data = base64.b64encode(png).decode("ascii")
+    return (
+        f"<p>The last <code>winml-recipes run</code> of this build, on <code>{_e(photo)}"
+        f"</code>: the float models on the CPU EP and the build on its target.</p>"
+        + (f"<ul class='note'>{notes}</ul>" if notes else "")
+        + f'<img class="run" alt="run on {_e(photo)}" src="data:image/png;base64,{data}">'
+    )
 
 
 NO_PLACEMENT = (
@@ -381,30 +458,70 @@ def _split_section(build: BuildFolder) -> str:
     )
 
 
-def render(build: BuildFolder, layers: bool | None = None, budget_mb: float | None = None) -> str:
-    """The page's HTML. The build runs on its target for the picture and the per-layer plot
-    only where `report_bounds` allows it (verify ran it there; within `budget_mb`, default:
-    the build's memory budget)."""
-    from winml_recipes.engine.budget import resolve_budget
-    from winml_recipes.report_bounds import why_not_run
+def _recipe_words(build: BuildFolder) -> str:
+    """The recipe as the user gave it: its path, or for `build --onnx` (whose recipe was
+    generated into a folder deleted after the build) the model file it was built from."""
+    m = build.manifest
+    path = m["recipe"]["path"]
+    if ADHOC not in Path(path).parent.parent.name:
+        return f"recipe <code>{_e(path)}</code>"
+    sources = [
+        str((c.get("source") or {}).get("path") or (c.get("source") or {}).get("ref") or "")
+        for c in m["components"].values()
+    ]
+    shown = ", ".join(s for s in sources if s) or _e(m.get("model"))
+    return f"built with <code>winml-recipes build --onnx {_e(shown)}</code>"
 
-    try:
-        blocked = why_not_run(build, budget_mb if budget_mb is not None else resolve_budget(None))
-    except Exception as exc:  # what cannot be estimated is not run
-        blocked = f"its memory could not be estimated ({_first_line(exc)})"
-    picture, feeds = _picture_section(build, blocked)
+
+def _failure_lead(build: BuildFolder) -> str:
+    """A failed build's page starts with what failed: the step, the error, the evidence."""
+    m = build.manifest
+    step = m.get("failing_step") or "a step"
+    return (
+        f'<p><span class="verdict fail">build FAILED at {_e(step)}</span></p>'
+        f'<p class="fail">{_e(m.get("error") or "no error recorded")}</p>'
+        f'<p class="note">This folder holds the evidence of the failed build (what ran up '
+        f"to the failing step); nothing in it is deployable.</p>"
+    )
+
+
+def render(
+    build: BuildFolder,
+    layers: bool | None = None,
+    budget_mb: float | None = None,
+    say: Callable[[str], None] | None = None,
+) -> str:
+    """The page's HTML, from the build folder alone: the report runs nothing on the target
+    (the per-layer plot is verify's record, the picture `run`'s), except the per-layer
+    comparison on request (`layers=True`) where verify recorded none, and only where
+    `report_bounds` allows it (verify ran it there; within `budget_mb`, default: the
+    build's memory budget; never for a failed build)."""
+    blocked = None
+    if layers:
+        from winml_recipes.engine.budget import resolve_budget
+        from winml_recipes.report_bounds import why_not_run
+
+        try:
+            budget = budget_mb if budget_mb is not None else resolve_budget(None)
+            blocked = "the build failed" if build.failed else why_not_run(build, budget)
+        except Exception as exc:  # what cannot be estimated is not run
+            blocked = f"its memory could not be estimated ({_first_line(exc)})"
     overall = _overall(build)
-    if overall is None:
-        verified = any(_step(r, "verify") for r in build.manifest["components"].values())
-        verdict = "no gates set" if verified else "no gates checked: no component was verified"
+    if build.failed:
+        lead = _failure_lead(build)
     else:
-        verdict = "every gate passed" if overall else "a gate FAILED"
-    css = "none" if overall is None else ("pass" if overall else "fail")
+        if overall is None:
+            verified = any(_step(r, "verify") for r in build.manifest["components"].values())
+            verdict = "no gates set" if verified else "no gates checked: no component was verified"
+        else:
+            verdict = "every gate passed" if overall else "a gate FAILED"
+        css = "none" if overall is None else ("pass" if overall else "fail")
+        lead = f'<p><span class="verdict {css}">{_e(verdict)}</span></p>'
     m = build.manifest
     sections = [
         ("Verdicts and metrics", _verify_section(build)),
-        ("Run on a held-out photo", picture),
-        ("Per-layer SQNR against float", _layers_section(build, feeds, layers, blocked)),
+        ("Run on a held-out photo", _picture_section(build)),
+        ("Per-layer SQNR against float", _layers_section(build, layers, blocked, say)),
         ("Node placement", _placement_section(build)),
         ("Steps: time and peak memory", _steps_section(build)),
         ("Files", _artifacts_section(build)),
@@ -417,21 +534,22 @@ def render(build: BuildFolder, layers: bool | None = None, budget_mb: float | No
         f"<title>{_e(build.label)}: winml-recipes build report</title>"
         f"<style>{CSS}</style></head><body>"
         f"<h1>{_e(build.label)}</h1>"
-        f"<p class='note'>model {_e(m.get('model'))}, task {_e(build.task)}, recipe "
-        f"<code>{_e(m['recipe']['path'])}</code>, {_e(m['tool']['name'])} "
-        f"{_e(m['tool']['version'])}</p>"
-        f'<p><span class="verdict {css}">{_e(verdict)}</span></p>'
-        f"{body}</body></html>\n"
+        f"<p class='note'>model {_e(m.get('model'))}, task {_e(build.task)}, "
+        f"{_recipe_words(build)}, {_e(m['tool']['name'])} {_e(m['tool']['version'])}</p>"
+        f"{lead}{body}</body></html>\n"
     )
 
 
 def write_report(
-    build_dir: Path, layers: bool | None = None, budget_mb: float | None = None
+    build_dir: Path,
+    layers: bool | None = None,
+    budget_mb: float | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> Path:
     """Write BUILD_DIR/report.html (replacing it at once) and return its path."""
     build = open_build(build_dir, contracts=True)
     out = build.folder / REPORT
     tmp = out.with_name(f".{REPORT}.tmp")
-    tmp.write_text(render(build, layers, budget_mb), encoding="utf-8")
+    tmp.write_text(render(build, layers, budget_mb, say), encoding="utf-8")
     tmp.replace(out)
     return out

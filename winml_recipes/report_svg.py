@@ -18,8 +18,18 @@ def _y_range(values: Sequence[float]) -> tuple[float, float]:
     return low, high
 
 
-def layer_plot(title: str, series: Sequence[tuple[str, str, Sequence[float]]], where: str) -> str:
-    """One polyline per (label, colour, dB values in graph order), on shared axes."""
+FLAG = "#d0021b"
+
+
+def layer_plot(
+    title: str,
+    series: Sequence[tuple[str, str, Sequence[float]]],
+    where: str,
+    flagged: Sequence[int] = (),
+) -> str:
+    """One polyline per (label, colour, dB values in graph order), on shared axes; the
+    points at `flagged` (indices) of the first series marked in red, each with its value
+    (layers where the target departs from the simulation)."""
     count = max(len(v) for _, _, v in series)
     low, high = _y_range([x for _, _, v in series for x in v])
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
@@ -52,8 +62,20 @@ def layer_plot(title: str, series: Sequence[tuple[str, str, Sequence[float]]], w
             f'<polyline fill="none" stroke="{colour}" stroke-width="1.6" points="{points}">'
             f"<title>{html.escape(label)}</title></polyline>"
         )
+    marks = series[0][2] if series else []
+    for i in flagged:
+        x, y = xy(i, marks[i])
+        other = ", ".join(f"{lab} {v[i]:.1f} dB" for lab, _, v in series if i < len(v))
+        parts.append(
+            f'<circle class="departs" cx="{x:.1f}" cy="{y:.1f}" r="4.5" fill="none" '
+            f'stroke="{FLAG}" stroke-width="2"><title>layer {i}: target departs from the '
+            f"simulation ({html.escape(other)})</title></circle>"
+        )
+    legend = [(label, colour) for label, colour, _ in series]
+    if flagged:
+        legend.append((f"target departs from the simulation ({len(flagged)})", FLAG))
     legend_x = LEFT + 8
-    for label, colour, _ in series:
+    for label, colour in legend:
         parts.append(
             f'<rect x="{legend_x}" y="8" width="14" height="4" fill="{colour}"/>'
             f'<text x="{legend_x + 18}" y="14" font-size="12" fill="#222">'

@@ -4,7 +4,7 @@ target's EP beside its float reference; writes the outputs, a JSON summary and a
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,8 +34,11 @@ def sample_photo() -> Path:
     return next((p for p in photos if p.name == SAMPLE_PHOTO), photos[0])
 
 
-def _npz_inputs(path: Path, build: BuildFolder) -> dict[str, np.ndarray]:
-    known = {s.name for c in build.components for s in c.contract.inputs}
+def _npz_inputs(path: Path, build: BuildFolder) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The arrays of `path`, in the layouts --eval-data takes: one sample, or samples
+    stacked on a leading axis (the first is run, and a note says so)."""
+    specs = {s.name: s for c in build.components for s in c.contract.inputs}
+    known = set(specs)
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
@@ -48,7 +51,20 @@ def _npz_inputs(path: Path, build: BuildFolder) -> dict[str, np.ndarray]:
             f"inputs: {', '.join(sorted(known))}",
             where=str(path),
         )
-    return arrays
+    stacked = {k: len(a) for k, a in arrays.items() if a.ndim == len(specs[k].shape) + 1}
+    if stacked and len(stacked) != len(arrays):
+        raise RecipeError(
+            f"--npz: {', '.join(sorted(stacked))} carry a sample axis and "
+            f"{', '.join(sorted(set(arrays) - set(stacked)))} do not; stack every input alike",
+            where=str(path),
+        )
+    if not stacked:
+        return arrays, []
+    count = min(stacked.values())
+    if count == 0:
+        raise RecipeError("--npz: its sample axis is empty", where=str(path))
+    note = f"--npz holds {count} samples on a leading axis; ran the first"
+    return {k: a[0] for k, a in arrays.items()}, [note]
 
 
 def prepare_inputs(
@@ -61,8 +77,8 @@ def prepare_inputs(
     """The pipeline's inputs and what they were (for the summary and the picture)."""
     from winml_recipes.images import load_rgb, preprocess_image
 
-    inputs = _npz_inputs(npz, build) if npz else {}
-    about: dict[str, Any] = {"notes": []}
+    inputs, notes = _npz_inputs(npz, build) if npz else ({}, [])
+    about: dict[str, Any] = {"notes": notes}
     found = build.image_input()
     frame_hw: tuple[int, int] | None = None
     image_wh: tuple[int, int] | None = None
@@ -157,10 +173,14 @@ def run_and_write(
     output_dir: Path | str | None = None,
     compiled: bool | None = None,
     picture: bool = True,
+    say: Callable[[str], None] | None = None,
 ) -> RunOutcome:
     """Run the build's pipeline on the target and the float one; write `outputs.npz`,
-    `summary.json` and (image tasks) a PNG into `output_dir` (default BUILD_DIR/run)."""
+    `summary.json` and (image tasks) a PNG into `output_dir` (default BUILD_DIR/run).
+    Before it starts, `say` hears what the run costs on the target (runcost.py); what the
+    emulated target cannot run in time here runs on the CPU simulation, said in the notes."""
     from winml_recipes.pictures import draw_run
+    from winml_recipes.runcost import run_cost
 
     build = open_build(build_dir, contracts=True)
     inputs, about = prepare_inputs(
@@ -170,7 +190,12 @@ def run_and_write(
         boxes,
         Path(npz) if npz else None,
     )
-    target = run_target(build, inputs, compiled)
+    cost = run_cost(build, compiled)  # said once the inputs are known good
+    if say is not None:
+        for line in cost.lines:
+            say(f"run: {line}")
+    target = run_target(build, inputs, compiled, simulate=cost.simulate)
+    about["notes"] += [f"{c}: ran on the CPU simulation (verify did too)" for c in cost.simulate]
     has_float = any(c.reference is not None for c in build.components)
     ref = run_float(build, inputs) if has_float else None
     out = Path(output_dir) if output_dir else build.folder / "run"

@@ -163,6 +163,12 @@ def _tensor_schema(output: bool) -> dict[str, Any]:
             "where they disagree, verifies at the shape the model runs and says so in one line "
             "instead of failing. Curated entries leave it out: their shapes are checked strictly.",
         }
+        props["ctc_blank"] = {
+            "type": "integer",
+            "minimum": 0,
+            "description": "The CTC blank class of a speech recognizer's logits (its "
+            "tokenizer's pad token): dropped when the outputs are decoded.",
+        }
     if not output:
         props["range"] = {
             "type": "array",
@@ -198,11 +204,32 @@ def _tensor_schema(output: bool) -> dict[str, Any]:
                 "layout": {"enum": ["NCHW", "NHWC"], "default": "NCHW"},
             },
         }
+        props["audio"] = _audio_schema()
     return {
         "type": "object",
         "additionalProperties": False,
         "required": ["shape"] if output else ["dtype", "shape"],
         "properties": props,
+    }
+
+
+def _audio_schema() -> dict[str, Any]:
+    from winml_recipes.speech import FEATURE_EXTRACTORS
+
+    return {
+        "type": "object",
+        "description": "How speech becomes this input (the bundled speech feeds it when no "
+        "data is given).",
+        "additionalProperties": False,
+        "required": ["feature_extractor"],
+        "properties": {
+            "feature_extractor": {"enum": list(FEATURE_EXTRACTORS)},
+            "sampling_rate": {"type": "integer", "minimum": 1000, "maximum": 192000},
+            "options": {
+                "type": "object",
+                "description": "The feature extractor's preprocessor_config.json fields.",
+            },
+        },
     }
 
 
@@ -256,6 +283,7 @@ def catalog_schema() -> dict[str, Any]:
                     "semantic-segmentation",
                     "object-detection",
                     "image-to-image",
+                    "automatic-speech-recognition",
                 ],
                 "description": "auto family: the task (and head) to export.",
             },

@@ -52,7 +52,7 @@ def test_compare_the_npu_decoder_with_no_data_options(npu_build: Path) -> None:
     listed = _rows(text)
     assert [rank for rank, _ in listed[:15]] == list(range(1, 16))
     assert [name for _, name in listed[:15]] == [
-        n if len(n) <= 34 else "~" + n[-33:] for n in report["ranking"][:15]
+        n if len(n) <= 21 else "~" + n[-20:] for n in report["ranking"][:15]
     ]
     assert f"top 15 of {len(rows)}; --all for every one" in text
     # the last line says where the target first departs from the simulation, or that it
@@ -83,12 +83,17 @@ def test_compare_a_build_model_with_an_explicit_float_reference(npu_build: Path)
     assert [rank for rank, _ in _rows(done.stdout)][:3] == [1, 2, 3]
 
 
+@pytest.mark.ep_device("openvino")
 def test_compare_on_another_ep(npu_build: Path) -> None:
     """--ep runs the candidate on another EP plugin serving the device (OpenVINO here, the
-    CPU standing in for its NPU); an EP that does not serve the device is one line."""
+    CPU standing in for its NPU). Without its device: test_openvino_no_device.py."""
     done = cli("compare", npu_build / DECODER, "--ep", "openvino", "--json")
     assert done.exit_code == 0, done.output
     assert json.loads(done.stdout)["verified_on"] == "openvino"
+
+
+def test_compare_on_an_ep_that_does_not_serve_the_device(npu_build: Path) -> None:
+    """An EP that does not serve the build's device is one line, exit 2."""
     wrong = cli("compare", npu_build / DECODER, "--ep", "dml")
     assert wrong.exit_code == 2
     assert "execution provider 'dml' does not serve device 'npu'" in wrong.output

@@ -28,8 +28,12 @@ OV_WHEELS = platform.system() == "Windows" or (
     platform.system() == "Linux" and platform.machine() == "x86_64"
 )
 pytestmark = pytest.mark.skipif(not OV_WHEELS, reason="no onnxruntime-ep-openvino wheel here")
+# The plugin offers devices on Intel hosts only (docs/eps/openvino.md); where it offers
+# none, these do not run and say why, and test_openvino_no_device.py covers that host.
+NEEDS_DEVICE = pytest.mark.ep_device("openvino")
 
 
+@NEEDS_DEVICE
 def test_openvino_loads_and_records_its_device() -> None:
     ok, why = openvino.available()
     assert ok, why
@@ -48,6 +52,7 @@ def test_openvino_loads_and_records_its_device() -> None:
     assert openvino.PLUGIN.emulation_note() == "OpenVINO CPU device standing in for the NPU"
 
 
+@NEEDS_DEVICE
 def test_device_type_selects_the_ep_device_and_is_not_passed_on() -> None:
     """The plugin ignores a `device_type` provider option, so it is ours: it picks the EP
     device, and asking for a device by name allows no stand-in."""
@@ -133,6 +138,7 @@ def _pixels(n: int, seed: int) -> list[dict[str, np.ndarray]]:
     ]
 
 
+@NEEDS_DEVICE
 def test_sam3_tiny_encoder_qdq_runs_on_openvino_cpu(tiny_build, tmp_path: Path) -> None:
     """OpenVINO's scheme on the float sam3-tiny vision encoder: u8 asymmetric activations,
     s8 symmetric per-channel weights; every node on OpenVINO; close to the float model."""
@@ -171,6 +177,7 @@ def test_sam3_tiny_encoder_qdq_runs_on_openvino_cpu(tiny_build, tmp_path: Path) 
     assert min(m["sqnr_db"] for m in metrics.values()) > 20, metrics
 
 
+@NEEDS_DEVICE
 def test_int8_activations_do_not_compile_on_openvino_cpu(tiny_build, tmp_path: Path) -> None:
     """Why the rules refuse int8 activations: OpenVINO's CPU device has no kernel for the
     encoder quantized that way."""
@@ -238,6 +245,7 @@ def _row_concat_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
+@NEEDS_DEVICE
 def test_a_matmul_after_a_row_concat_stays_float(tmp_path: Path) -> None:
     """OpenVINO 2026.4 cannot load a quantized MatMul whose data input is a Concat along a
     row axis (its int8 MatMul transformation cannot broadcast the Concat's per-slice zero
@@ -269,6 +277,7 @@ def test_a_matmul_after_a_row_concat_stays_float(tmp_path: Path) -> None:
     assert not any(w.startswith("w_rows") for w in weights)
 
 
+@NEEDS_DEVICE
 def test_build_for_openvino_records_ep_device_and_versions(tmp_path: Path) -> None:
     """`build --ep openvino` builds a recipe's npu/uint8 target for OpenVINO: the QDQ model
     opens with every node on OpenVINO's CPU device (standing in for the NPU), and the
@@ -313,6 +322,7 @@ def test_build_for_openvino_records_ep_device_and_versions(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
+@NEEDS_DEVICE
 def test_sam3_tiny_npu_builds_and_verifies_through_openvino(tmp_path: Path) -> None:
     """The recipe's npu/uint8 target for OpenVINO: both components quantized with
     OpenVINO's rules and verified on its CPU device, every node on OpenVINO (~90 s)."""

@@ -110,9 +110,10 @@ def test_every_build_writes_a_self_contained_report(tiny_npu_build) -> None:
     assert sources and all(s.startswith("data:image/png;base64,") for s in sources)
     assert text.count('class="layer-plot"') == 2  # both components' per-layer plots
     assert "mask_iou" in text and "every gate passed" in text
-    # the plot's sample is the picture's, which stands above it
+    # the picture is the last `run`'s; the plot says its sample
     assert text.index("<h2>Run on a held-out photo") < text.index("<h2>Per-layer SQNR")
-    assert "the photo and prompt of the picture above" in text
+    assert "The last <code>winml-recipes run</code> of this build, on <code>rocket_0.jpg" in text
+    assert text.count("sample: computed by the report on request, on one seeded sample") == 2
     # a compiled model_ctx.onnx of about 1 kB reads as such, not as 0.00 MB
     files = text[text.index("<h2>Files") :]
     ctx = re.search(r"vision_encoder/model_ctx\.onnx</code></td><td><span[^>]*>([^<]*)<", files)
@@ -212,8 +213,9 @@ class _Counted:
 def test_report_runs_the_build_only_within_the_memory_budget(
     tiny_npu_build, tmp_path, monkeypatch
 ) -> None:
-    """A report whose target run is estimated over the budget opens no session: the
-    picture and the plot say why in one line (the same build within it runs its pipeline)."""
+    """The per-layer plot asked for (--layers) whose target run is estimated over the
+    budget opens no session and says why in one line; without it the report opens none
+    at all (the picture is the last `run`'s), and the plot asked within it does."""
     import shutil
 
     from winml_recipes.report import write_report
@@ -223,12 +225,13 @@ def test_report_runs_the_build_only_within_the_memory_budget(
     sessions = _Counted(monkeypatch)
     text = write_report(build, layers=True, budget_mb=200).read_text(encoding="utf-8")
     assert sessions.paths == []
-    assert "not made: running vision_encoder needs about" in text
-    assert "over the memory budget of 0.2 GB" in text and "makes it on request" in text
-    assert 'class="layer-plot"' not in text and "data:image/png" not in text
-    text = write_report(build, layers=False, budget_mb=8000).read_text(encoding="utf-8")
-    assert len(sessions.paths) >= 4  # target and float, both components: the counter counts
-    assert "data:image/png" in text
+    assert "not computed: running vision_encoder needs about" in text
+    assert "over the memory budget of 0.2 GB" in text
+    assert 'class="layer-plot"' not in text
+    text = write_report(build, budget_mb=8000).read_text(encoding="utf-8")
+    assert sessions.paths == [] and "data:image/png" in text  # run's picture, read
+    text = write_report(build, layers=True, budget_mb=8000).read_text(encoding="utf-8")
+    assert len(sessions.paths) >= 4 and text.count('class="layer-plot"') == 2
 
 
 def test_report_does_not_prepare_what_verify_ran_on_the_simulation(tmp_path, monkeypatch) -> None:
@@ -253,8 +256,9 @@ def test_report_does_not_prepare_what_verify_ran_on_the_simulation(tmp_path, mon
     assert next(s for s in encoder if s["pass"] == "verify")["metrics"]["verified_on"] == (
         "cpu-simulation"
     )
+    built = (result.output_dir / "report.html").read_text(encoding="utf-8")  # the build's
+    assert "Not recorded: " in built and 'class="layer-plot"' not in built
     sessions = _Counted(monkeypatch)
     text = api.report(result.output_dir, layers=True).read_text(encoding="utf-8")
     assert sessions.paths == []
     assert "vision_encoder was verified on the CPU simulation (verify: on_target false)" in text
-    assert (result.output_dir / "report.html").read_text(encoding="utf-8") == text  # the build's

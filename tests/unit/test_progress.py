@@ -96,3 +96,29 @@ def test_live_view_shows_whole_names_when_there_is_room() -> None:
     assert any("prompt_encoder_mask_decoder: quantize calibration samples" in line
                for line in lines), lines  # fmt: skip
     assert any("45/64" in line for line in lines)
+
+
+def test_live_view_shows_the_whole_step_time_after_several_counts() -> None:
+    """verify counts reference samples (quick), then samples on the target (minutes): the
+    time shown when it ends is the step's, as the manifest records it, not the first
+    count's (the live view showed `verify [ran] 8/8 0:00:01` for a 202 s step)."""
+    from dataclasses import replace
+
+    from rich.console import Console
+    from rich.progress import TimeElapsedColumn
+
+    now = [0.0]
+    view = progress._Rich(Console(file=io.StringIO(), width=80, force_terminal=True))
+    view.progress.get_time = lambda: now[0]  # the view's clock, moved by hand
+    verify = _step("verify")
+    with view:
+        view.step_started("model", verify)
+        view.step_progress("model", verify, "reference samples", 8, 8)
+        now[0] = 120.0
+        view.step_progress("model", verify, "samples on the target", 4, 8)
+        live = str(TimeElapsedColumn().render(view.progress.tasks[-1]))
+        now[0] = 201.5
+        view.step_progress("model", verify, "samples on the target", 8, 8)
+        view.step_finished("model", verify, replace(_record("ran"), wall_seconds=202.0))
+        done = str(TimeElapsedColumn().render(view.progress.tasks[-1]))
+    assert (live, done) == ("0:02:00", "0:03:22")

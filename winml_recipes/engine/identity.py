@@ -94,10 +94,15 @@ def ep_code(target: Target) -> str:
 def contract_key(contract: IOContract) -> dict[str, Any]:
     """An I/O contract as key material."""
     return {
-        "inputs": [vars(s) for s in contract.inputs],
-        "outputs": [vars(s) for s in contract.outputs],
+        "inputs": [_spec_key(s) for s in contract.inputs],
+        "outputs": [_spec_key(s) for s in contract.outputs],
         "dims": dict(sorted(contract.dims.items())),
     }
+
+
+def _spec_key(spec: Any) -> dict[str, Any]:
+    """A tensor spec's fields; the audio ones only when set (keys of other specs unchanged)."""
+    return {k: v for k, v in vars(spec).items() if v is not None or k not in ("audio", "ctc_blank")}
 
 
 def pass_code(cls: type) -> str | None:

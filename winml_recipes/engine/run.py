@@ -365,13 +365,25 @@ def _restore_and_clean(out_dir: Path) -> None:
     the output and of its `.failed` evidence)."""
     failed = failed_dir_for(out_dir)
     for folder in (out_dir, failed):
-        olds = sorted(out_dir.parent.glob(f".old-{folder.name}-*"), key=lambda p: p.stat().st_mtime)
+        olds = sorted(
+            _leftovers(out_dir.parent, ".old", folder.name), key=lambda p: p.stat().st_mtime
+        )
         if not folder.exists() and olds:
             os.rename(olds.pop(), folder)
         for stale in olds:
             shutil.rmtree(stale, ignore_errors=True)
-    for stale in out_dir.parent.glob(f".staging-{out_dir.name}-*"):
+    for stale in _leftovers(out_dir.parent, ".staging", out_dir.name):
         shutil.rmtree(stale, ignore_errors=True)
+
+
+def _leftovers(parent: Path, kind: str, name: str) -> list[Path]:
+    """`{kind}-{name}-{pid}` folders of exactly this output: a glob on `{name}-*` would
+    also take another target's whose name starts with it (npu-uint8 and the running
+    npu-uint8-openvino build's staging folder)."""
+    import re
+
+    exact = re.compile(rf"{re.escape(kind)}-{re.escape(name)}-\d+")
+    return [p for p in parent.glob(f"{kind}-{name}-*") if exact.fullmatch(p.name)]
 
 
 def _swap_into_place(staging: Path, out_dir: Path) -> None:
@@ -620,11 +632,17 @@ def contract_record(contract: IOContract) -> ContractRecord:
         if s.image is not None:
             out["image"] = {"size": list(s.image.size), "mean": list(s.image.mean),
                             "std": list(s.image.std), "layout": s.image.layout}  # fmt: skip
+        if s.audio is not None:
+            out["audio"] = {"feature_extractor": s.audio.feature_extractor,
+                            "sampling_rate": s.audio.sampling_rate,
+                            "options": dict(s.audio.options)}  # fmt: skip
+        if s.ctc_blank is not None:
+            out["ctc_blank"] = s.ctc_blank
         return out
 
     return ContractRecord(
         inputs={s.name: spec(s) for s in contract.inputs},
-        outputs={s.name: {"dtype": s.dtype, "shape": list(s.shape)} for s in contract.outputs},
+        outputs={s.name: spec(s) for s in contract.outputs},
         dims={k: int(v) for k, v in sorted(contract.dims.items())},
     )
 

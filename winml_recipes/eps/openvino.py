@@ -36,6 +36,11 @@ if TYPE_CHECKING:
 
 EP_NAME = "OpenVINOExecutionProvider"
 PACKAGE = "onnxruntime-ep-openvino"
+# The plugin's factory offers an EP device only for onnxruntime hardware devices whose
+# vendor id is Intel's (its GetSupportedDevices skips the rest), so on an AMD host it
+# registers and offers nothing; no provider, session or OpenVINO option changes that
+# (docs/eps/openvino.md, "Which hosts it offers a device on").
+INTEL_VENDOR_ID = 0x8086
 DEVICE_OPTION = "device_type"  # ours: CPU, GPU or NPU; consumed by select_devices
 # The OpenVINO device each target device asks for, then what stands in when it is missing.
 OV_DEVICES: Mapping[str, tuple[str, ...]] = {
@@ -262,6 +267,24 @@ class DeviceInfo:
         return out
 
 
+def no_device_reason(devices: Sequence[Any]) -> str | None:
+    """Why the registered plugin offers no device, in one line, when the cause is the
+    host's hardware vendor (see INTEL_VENDOR_ID); None when it is something else."""
+    vendors = {
+        (str(d.device.vendor), int(d.device.vendor_id))
+        for d in devices
+        if str(d.device.type).endswith("CPU")
+    }
+    others = sorted(v for v in vendors if v[1] != INTEL_VENDOR_ID)
+    if not others or len(others) < len(vendors):
+        return None
+    name, vendor_id = others[0]
+    return (
+        f"the plugin offers devices on Intel hardware only; this CPU is "
+        f"{name or 'another vendor'}'s (vendor 0x{vendor_id:04x})"
+    )
+
+
 def _ov_device(d: Any) -> str:
     return str(d.ep_metadata.get("ov_device", ""))
 
@@ -310,6 +333,9 @@ class OpenVino(ExecutionProvider):
             )
         return out
 
+    def no_device_reason(self, devices: Sequence[Any]) -> str | None:
+        return no_device_reason(devices)
+
     def emulation_note(self) -> str | None:
         info = device_info("npu")
         if info is not None and info.stand_in:
@@ -352,7 +378,8 @@ def available() -> tuple[bool, str]:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
             return False, f"cannot load {library}: {first}"
     if not [d for d in ort.get_ep_devices() if d.ep_name == EP_NAME]:
-        return False, f"{EP_NAME} registered but offers no device on this host"
+        why = no_device_reason(ort.get_ep_devices())
+        return False, why or f"{EP_NAME} registered but offers no device on this host"
     return True, ""
 
 

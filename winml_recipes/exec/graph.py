@@ -164,7 +164,7 @@ class TaskGraph:
         for comp, node_id in first_after.items():
             node = self.nodes[node_id]
             node.checks += [c for o, c in checked.items() if o != comp and c not in node.checks]
-        target = f"{plan.target.device}/{plan.target.precision}"
+        target = plan.target.label
         assemble_id = f"assemble:{index}"
         self.nodes[assemble_id] = Node(
             assemble_id,
@@ -244,7 +244,7 @@ class TaskGraph:
     def _targets_label(self, node: Node) -> str:
         """'sam3-tiny cpu/int8', or with every target a shared task builds for."""
         plans = [self.plans[i] for i in node.targets]
-        names = ", ".join(f"{p.target.device}/{p.target.precision}" for p in plans)
+        names = ", ".join(p.target.label for p in plans)
         return f"{plans[0].recipe.name} {names}"
 
     def _result(self, node_id: str) -> TaskResult:

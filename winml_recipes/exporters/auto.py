@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from winml_recipes.exporters import ExporterFamily, vision
+from winml_recipes.exporters import ExporterFamily, speech_heads, vision
 from winml_recipes.exporters.fields import MAX_CHANNELS, MAX_COUNT, MAX_SIDE, _numbers, _whole
 from winml_recipes.modelfolder import TRUST_REMOTE_CODE
 from winml_recipes.sdk.errors import SourceError
@@ -74,6 +74,8 @@ TASKS: dict[str, Task] = {
     "image-to-image": Task(
         "AutoModelForImageToImage", ("reconstruction",), "image", ("ForImageSuperResolution",)
     ),
+    # CTC speech recognizers taking a waveform (speech_heads.py picks it by the model class)
+    "automatic-speech-recognition": Task("AutoModelForCTC", ("logits",), "audio"),
 }
 
 TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -169,6 +171,8 @@ def export(req: ExportRequest) -> ExportOutput:
         }
         args = tuple(examples[n] for n in names)
         dims: dict[int, str] = {0: "batch", 1: "sequence"}
+    elif task.modality == "audio" and speech_heads.takes_input_values(model.config):
+        names, args, dims = speech_heads.example_inputs(model.config, b, gen)
     elif task.modality == "audio":
         mels, frames = audio_shape(model.config, where=_where(req))
         names = ("input_features",)
@@ -266,6 +270,8 @@ def task_of(config: Any) -> str:
     Without `architectures`: image features for image configs, else text features.
     """
     archs = list(getattr(config, "architectures", None) or [])
+    if speech_heads.takes_input_values(config):
+        return speech_heads.task_of(config)
     if is_audio(config):
         return _audio_task_of(archs)
     for arch in archs:
@@ -347,6 +353,7 @@ def catalog_components(
     *,
     config_path: Path | str = "config.json",
     source: Path | str = "preprocessor_config.json",
+    vocab: Mapping[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The `model` component's I/O contract for a config (and the image preprocessing or
     audio features of its `preprocessor_config.json`, when given), without weights. Numbers
@@ -356,6 +363,8 @@ def catalog_components(
     def field(name: str, default: Any, maximum: int = MAX_COUNT) -> int:
         return _whole(getattr(config, name, default), name, where, maximum)
 
+    if TASKS[task].modality == "audio" and speech_heads.takes_input_values(config):
+        return {"model": speech_heads.component(config, task, preprocessor, where, _whole, vocab)}
     if TASKS[task].modality == "audio":
         return {"model": _audio_component(config, task, preprocessor, where)}
     if task in vision.TASKS:
@@ -435,10 +444,25 @@ def _audio_component(
                 # Whisper's scaling puts speech in about [-1, 1.5] (max/4 + 1 at the top)
                 "range": [-1.5, 1.5],
                 "description": audio_description(preprocessor),
+                **_whisper_audio(preprocessor),
             }
         },
         "outputs": {TASKS[task].outputs[0]: {"dtype": "float32", "shape": output}},
     }
+
+
+def _whisper_audio(preprocessor: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The `audio:` block (the bundled speech through WhisperFeatureExtractor) when the
+    folder ships the feature extractor's preprocessor_config.json, else nothing."""
+    fe = dict(preprocessor or {})
+    if fe.get("feature_extractor_type", "WhisperFeatureExtractor") != "WhisperFeatureExtractor":
+        return {}
+    if not fe:
+        return {}
+    options = {k: v for k, v in fe.items() if isinstance(v, bool | int | float | str)}
+    rate = int(fe.get("sampling_rate") or 16000)
+    block = {"feature_extractor": "WhisperFeatureExtractor", "sampling_rate": rate}
+    return {"audio": {**block, "options": options}}
 
 
 # Every catalog component of an auto entry is the one exported model.

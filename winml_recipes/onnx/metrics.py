@@ -116,3 +116,41 @@ def compare_outputs(
 ) -> dict[str, dict[str, float]]:
     """`compare_runs` for a single batch."""
     return compare_runs([reference], [candidate])
+
+
+DISTRIBUTION_TOLERANCE = 1e-3  # how far from 1 a softmax row's sum may be (float rounding)
+
+
+def argmax_agreement(
+    refs: Sequence[Mapping[str, np.ndarray]], cands: Sequence[Mapping[str, np.ndarray]]
+) -> dict[str, float]:
+    """For each output the reference keeps as distributions over its last axis (every row
+    >= 0 and summing to 1: a softmax over classes), the share of samples whose WHOLE argmax
+    over that axis equals the reference's (a classifier's top-1; a sequence model's every
+    step). Other outputs are left out.
+
+    A softmax can keep most decisions (elements above 0.5) at 9 dB SQNR while the classes
+    it picks at a few steps change, and one changed step changes a decoded line."""
+    same: dict[str, int] = {}
+    count: dict[str, int] = {}
+    skip: set[str] = set()
+    for ref, cand in zip(refs, cands, strict=True):
+        for name, r in ref.items():
+            r_arr = np.asarray(r)
+            if name in skip or name not in cand or not _distribution(r_arr):
+                skip.add(name)
+                continue
+            c_arr = np.asarray(cand[name])
+            same[name] = same.get(name, 0) + bool(
+                c_arr.shape == r_arr.shape and np.array_equal(r_arr.argmax(-1), c_arr.argmax(-1))
+            )
+            count[name] = count.get(name, 0) + 1
+    return {n: same[n] / count[n] for n in count if n not in skip}
+
+
+def _distribution(x: np.ndarray) -> bool:
+    if not np.issubdtype(x.dtype, np.floating) or x.ndim < 2 or x.shape[-1] < 2 or not x.size:
+        return False
+    if not np.all(np.isfinite(x)) or x.min() < 0:
+        return False
+    return bool(np.all(np.abs(x.sum(-1, dtype=np.float64) - 1.0) <= DISTRIBUTION_TOLERANCE))

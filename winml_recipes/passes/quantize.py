@@ -53,9 +53,11 @@ class QuantizePass(Pass[QuantizeOptions]):
         if cal is not None and cal.inputs_from:
             check_component(cal.inputs_from, ctx, "quantize.calibration.inputs_from")
         if cal is not None and cal.npz:
-            from winml_recipes.sdk.samples import check_npz, npz_files
+            from winml_recipes.sdk.samples import check_npz, check_npz_values, npz_files
 
-            check_npz(npz_files(cal.npz, ctx.recipe_dir), ctx.contract)
+            files = npz_files(cal.npz, ctx.recipe_dir)
+            check_npz(files, ctx.contract)
+            check_npz_values(files, ctx.contract)  # an Inf would leave the model float
         if cal is not None and cal.images:
             from winml_recipes.sdk.samples import image_files
 
@@ -192,6 +194,7 @@ def _dynamic(src: Path, out: Path, cfg: QuantConfig, exclude: list[str]) -> Step
     quantize_dynamic_integer(src, out, cfg, exclude)
     seconds = time.perf_counter() - started
     report = quantization_report(load_model(src), load_model(out))
+    _require_quantized(report, [], cfg)
     return StepResult(out, _base_metrics(cfg) | report | {"qdq_insertion_time_seconds": seconds})
 
 
@@ -332,8 +335,58 @@ def _static(
                 own, cal_options, seed + HELD_OUT_SEED_OFFSET, ctx.contract
             )
         }
-    report = quantization_report(load_model(float_src), load_model(out))
+    float_model = load_model(float_src)
+    report = quantization_report(float_model, load_model(out))
+    _require_quantized(report, done.nonfinite, cfg, metrics, float_model)
     return StepResult(out, _base_metrics(cfg) | report | metrics)
+
+
+# A quantized target whose MatMul/Conv nodes are mostly left float because of non-finite
+# activations is a float model under a quantized label.
+MIN_QUANTIZED_FRACTION = 0.5
+
+
+def _require_quantized(
+    report: dict[str, Any],
+    nonfinite: list[str],
+    cfg: QuantConfig,
+    metrics: dict[str, Any] | None = None,
+    float_model=None,
+) -> None:
+    """Fail, with the reason, where quantization left the model float by accident: no node
+    quantized in a model with MatMul/Conv nodes (or with activations without a finite
+    range), unless the recipe kept them float on purpose (exclude, float regions, automatic
+    mixed precision's promotions); or activations without a finite range (NaN/Inf on the
+    calibration data) keeping most MatMul/Conv nodes float, whatever the recipe says."""
+    from winml_recipes.sdk.errors import QualityGateError
+
+    total = report.get("matmul_conv_total", 0)
+    promoted = ((metrics or {}).get("mixed_precision_auto") or {}).get("promoted")
+    deliberate = bool(cfg.exclude or cfg.regions or promoted)
+    touched = 0
+    if nonfinite and float_model is not None:
+        around = set(_touching(float_model, nonfinite))
+        touched = sum(n.op_type in MATMUL_CONV and n.name in around for n in float_model.graph.node)
+    why = (
+        f"{len(nonfinite)} activation(s) have no finite range on the calibration data "
+        f"(e.g. {', '.join(nonfinite[:3])}), so the nodes around them stay float; look for "
+        "NaN/Inf in the calibration samples or the model"
+        if nonfinite
+        else "check quantize.exclude, the mixed-precision regions and op_types"
+    )
+    nothing = report.get("nodes_quantized", 0) == 0 and (total or nonfinite)
+    if nothing and not deliberate:
+        raise QualityGateError(
+            f"no node was quantized (nodes_quantized: 0), so the model would ship float under a "
+            f"{cfg.weight_type}/{cfg.activation_type} label; {why}",
+            metrics={**report, **(metrics or {})},
+        )
+    if total and touched > (1 - MIN_QUANTIZED_FRACTION) * total:
+        raise QualityGateError(
+            f"{touched} of the {total} MatMul/Conv nodes stay float (more than "
+            f"{1 - MIN_QUANTIZED_FRACTION:.0%}): {why}",
+            metrics={**report, **(metrics or {})},
+        )
 
 
 @dataclass

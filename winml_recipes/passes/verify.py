@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -188,9 +190,11 @@ class VerifyPass(Pass[VerifyConfig]):
         if len(chosen) > 1:
             raise PlanError(f"verify: {' and '.join(chosen)} are two data sources; keep one")
         if config.npz:
-            from winml_recipes.sdk.samples import check_npz, npz_files
+            from winml_recipes.sdk.samples import check_npz, check_npz_values, npz_files
 
-            check_npz(npz_files(config.npz, ctx.recipe_dir), ctx.contract)
+            files = npz_files(config.npz, ctx.recipe_dir, "verify.npz")
+            check_npz(files, ctx.contract, "verify.npz")
+            check_npz_values(files, ctx.contract, "verify.npz")  # NaN/Inf named, not scored
         if config.images:
             from winml_recipes.sdk.samples import image_files
 
@@ -206,7 +210,11 @@ class VerifyPass(Pass[VerifyConfig]):
 
         source = _data_source(config)
         # A result measured on the CPU simulation must not be served once the EP loads.
+        from winml_recipes.passes.verify_layers import LAYERS_ENV
+
+        layers = {} if os.environ.get(LAYERS_ENV) != "0" else {"layers": False}
         return {
+            **layers,  # whether the record holds the per-layer comparison (report.html)
             "task": ctx.task,  # chooses the task metric
             "data": upstream_data_digest(source, ctx.upstream, ctx.recipe_dir),
             "execution_provider": identity(provider_for(ctx.target).key),
@@ -238,9 +246,10 @@ class VerifyPass(Pass[VerifyConfig]):
     def run(
         self, src: Path | None, out_dir: Path, config: VerifyConfig, ctx: StepContext
     ) -> StepResult:
-        from winml_recipes.sdk.runtime import compare_runs, run_model
+        from winml_recipes.sdk.runtime import argmax_agreement, compare_runs, run_model
         from winml_recipes.sdk.samples import (
             UpstreamFeeds,
+            bundled_audio_input,
             bundled_image_input,
             describe_source,
             feeds_for,
@@ -262,8 +271,9 @@ class VerifyPass(Pass[VerifyConfig]):
         contract = ctx.contract
         # Verification seeds differ from calibration seeds: quality is measured on unseen data.
         seed = config.seed + ctx.seed + 7919
+        bundled = bundled_image_input(contract) or bundled_audio_input(contract)
         from_files = any(getattr(config, k) for k in FILE_SOURCES) or (
-            _data_source(config) is None and bundled_image_input(contract) is not None
+            _data_source(config) is None and bundled is not None
         )
         wanted = config.samples or (MAX_HELD_OUT if from_files else SEEDED_SAMPLES)
         factory = feeds_for(
@@ -294,10 +304,15 @@ class VerifyPass(Pass[VerifyConfig]):
             "require_ep": config.require_ep,
             "on_target": config.on_target,
         }
+        started = time.perf_counter()
         target = _run_or_bisect(src, feeds, options, ctx, out_dir)
+        target_seconds = round(time.perf_counter() - started, 2)
         advisory = _check_output_shapes(reference[0], target.outputs[0], ctx)
         metrics = compare_runs(reference, target.outputs)
+        for name, agreement in argmax_agreement(reference, target.outputs).items():
+            metrics[name]["argmax_agreement"] = agreement
         record: dict[str, Any] = {"samples": samples, **target.record}
+        record["target_seconds"] = target_seconds  # what `run` and `perf` estimate from
         if advisory:  # the file's declaration, not the model, was wrong: said, not failed
             record["output_shapes_declared"] = advisory  # printed by presenter.advisory_shapes_line
         source = _data_source(config)
@@ -316,16 +331,15 @@ class VerifyPass(Pass[VerifyConfig]):
         simulated_outputs = None
         if config.compare_simulation and target.verified_on not in ("cpu", "cpu-simulation"):
             simulated_outputs = run_model(src, feeds)
-            simulated = compare_runs(reference, simulated_outputs)
-            record["cpu_simulation"] = {"outputs": simulated}
+            record["cpu_simulation"] = {"outputs": compare_runs(reference, simulated_outputs)}
+            simulated_task = _task_metric(ctx, config, reference, simulated_outputs)
+            if simulated_task is not None:  # the task metric the simulation gives, beside
+                record["cpu_simulation"]["task_metric"] = simulated_task[0]["values"]
         record["outputs"] = metrics
         gates = _gates(metrics, config)
         task = _task_metric(ctx, config, reference, target.outputs)
         if task is not None:
             record["task_metric"], task_gates = task
-            if simulated_outputs is not None:  # the same metric on the CPU EP's Q/DQ run
-                sim = _task_metric(ctx, config, reference, simulated_outputs)
-                record["cpu_simulation"]["task_metric"] = sim[0]["values"] if sim else {}
             if config.task_decides and task_gates:
                 gates = [replace(g, advisory=True) for g in gates]
             gates = [*task_gates, *gates]
@@ -338,7 +352,27 @@ class VerifyPass(Pass[VerifyConfig]):
                 + "; ".join(g.line() for g in failed),
                 metrics=record,  # kept in the failed build's manifest
             )
+        _record_layers(record, src, feeds, target, ctx)
         return StepResult(None, record)
+
+
+def _record_layers(
+    record: dict[str, Any], src: Path, feeds: list[dict[str, Any]], target: Any, ctx: StepContext
+) -> None:
+    """The per-layer comparison report.html plots (passes/verify_layers.py), into `record`."""
+    from winml_recipes.passes.verify_layers import layer_record, why_not
+    from winml_recipes.sdk.runtime import provider_for
+
+    assert ctx.reference is not None
+    why = why_not(src, ctx.reference, ctx.target.device, ctx.target.precision, target.verified_on)
+    if why is not None or not feeds:
+        return
+    ctx.progress("per-layer comparison", 0, 1)
+    record["layers"] = layer_record(
+        src, ctx.reference, feeds[0], target.outputs[0], ctx.target.device,
+        provider_for(ctx.target).key,
+    )  # fmt: skip
+    ctx.progress("per-layer comparison", 1, 1)
 
 
 def _run_or_bisect(

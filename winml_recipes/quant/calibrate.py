@@ -214,6 +214,17 @@ def _check_feed(feed: Feed, specs: Sequence[_InputSpec], index: int, where: str)
                 f"expected {spec.describe()}",
                 where=where,
             )
+        if np.issubdtype(value.dtype, np.floating) and value.size:
+            bad = ~np.isfinite(value) | (np.abs(value) >= SENTINEL)
+            if bad.any():
+                at = [int(i) for i in np.argwhere(bad)[0]]
+                raise PassError(
+                    f"calibration sample {index}: input '{spec.name}' holds "
+                    f"{float(value[tuple(at)]):g} at {at} (NaN, Inf or |x| >= {SENTINEL:g}): no "
+                    "range fits it (the model would stay float, or its range would leave real "
+                    "values no resolution); fix or drop that sample",
+                    where=where,
+                )
         checked[spec.name] = value
     return checked
 

@@ -63,7 +63,8 @@ def compare_contract(
                 chosen,
                 range=(ranges or {}).get(spec.name, chosen.range),
                 values=(values or {}).get(spec.name, chosen.values),
-                image=None,  # the user's range, not photographs
+                image=None,  # the user's range, not photographs or speech
+                audio=None,
             )
         specs.append(dataclasses.replace(chosen, shape=shape))
     if recorded is not None and built is not None:

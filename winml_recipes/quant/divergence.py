@@ -120,9 +120,12 @@ def compare_tensors(
     device: str,
     work_dir: Path,
     ep: str | None = None,
+    untapped: Sequence[Mapping[str, np.ndarray]] | None = None,
 ) -> tuple[list[TensorRow], dict[str, Any]]:
     """Rows in graph order, and the record of where the target ran (EP, placement); on
-    `ep` (an EP plugin's key), else the device's default EP."""
+    `ep` (an EP plugin's key), else the device's default EP. `untapped`: the untouched
+    candidate's outputs on the target for `feeds`, when a caller ran them already (verify):
+    not run again."""
     from winml_recipes.onnx.io import load_model, save_model
     from winml_recipes.onnx.metrics import compare_runs
     from winml_recipes.runtime.sessions import run_model
@@ -151,10 +154,13 @@ def compare_tensors(
     else:
         # Extra graph outputs can change how the EP partitions and compiles the graph:
         # compare the tapped run's final outputs with the untouched model's on the same EP.
-        untapped = run_on_target(candidate, feeds, device, {"allow_cpu_fallback": True}, ep=ep)
+        if untapped is None:
+            untapped = run_on_target(
+                candidate, feeds, device, {"allow_cpu_fallback": True}, ep=ep
+            ).outputs
         finals = [o.name for o in load_model(candidate, load_external_data=False).graph.output]
         agreement = compare_runs(
-            [{n: r[n] for n in finals} for r in untapped.outputs],
+            [{n: r[n] for n in finals} for r in untapped],
             [{n: r[n] for n in finals} for r in target.outputs],
         )
         target.record["tapped_vs_untapped_db"] = round(

@@ -105,7 +105,10 @@ def _availability(key: str) -> Availability:
     if error is not None:
         return Availability(False, f"cannot load {library}: {_first_line(error)}")
     if not ep_devices(ep):
-        return Availability(False, f"{ep.provider} registered but offers no device on this host")
+        why = ep.no_device_reason(ort.get_ep_devices())
+        return Availability(
+            False, why or f"{ep.provider} registered but offers no device on this host"
+        )
     return Availability(True, versions=ep.versions(), library=library)
 
 

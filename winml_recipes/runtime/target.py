@@ -71,6 +71,10 @@ def target_session(
     assert session.placement is not None
     record["placement"] = session.placement.to_manifest()
     record["cpu_fallback_allowed"] = fallback
+    # how every view names where it ran: the plugin's name, "(emulated on x86_64)" there
+    record["target_name"] = provider.shown_name()
+    if provider.emulated_on():
+        record["emulated_on"] = provider.emulated_on()
     return session, {"verified_on": provider.key, **record}
 
 

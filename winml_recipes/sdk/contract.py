@@ -25,6 +25,9 @@ class TensorSpec:
     range: tuple[float, float] | None = None
     values: tuple[float, ...] | None = None
     image: ImagePreprocess | None = None
+    audio: AudioPreprocess | None = None
+    # outputs: the CTC blank class of a speech recognizer's logits (the tokenizer's pad)
+    ctc_blank: int | None = None
     # outputs: the shape was read from the model file's declaration (generated entries), so a
     # float run that contradicts it is reported, not failed (verify)
     shape_advisory: bool = False
@@ -38,6 +41,17 @@ class ImagePreprocess:
     mean: tuple[float, ...] = (0.0, 0.0, 0.0)
     std: tuple[float, ...] = (1.0, 1.0, 1.0)
     layout: str = "NCHW"
+
+
+@dataclass(frozen=True)
+class AudioPreprocess:
+    """How speech becomes this input: the waveform at `sampling_rate`, through the Hugging
+    Face feature extractor `feature_extractor` with `options` (its preprocessor_config.json
+    fields): a normalized waveform, Whisper's log-mel or AST's filter bank."""
+
+    feature_extractor: str
+    sampling_rate: int = 16000
+    options: tuple[tuple[str, object], ...] = ()
 
 
 @dataclass(frozen=True)

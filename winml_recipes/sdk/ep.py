@@ -171,6 +171,8 @@ class ExecutionProvider:
     # node by node (an NPU's allocation error naming no node): a build then
     # checks each component there before any calibration (the `fail_fast` steps).
     may_fail_to_finalize: bool = False
+    # How a person reads its results' origin (a product name); None: the key.
+    display_name: str | None = None
 
     # compatibility with runtime/providers' old table rows
     @property
@@ -211,6 +213,11 @@ class ExecutionProvider:
         """Provider options for a session on `device`: defaults, then `extra`."""
         return {**self.options, **(extra or {})}
 
+    def no_device_reason(self, devices: Sequence[Any]) -> str | None:
+        """Why the registered plugin offers no device here, judged from onnxruntime's
+        EP devices (`devices`), in one line; None for the generic message."""
+        return None
+
     def refusal_reason(self, log: str) -> str | None:
         """The EP's own reason for nodes it refused, from what it logged, or None."""
         found = _GENERIC_REASON.search(log)
@@ -223,6 +230,17 @@ class ExecutionProvider:
     def emulation_note(self) -> str | None:
         """Why times measured on this host are not the device's (e.g. an emulator)."""
         return None
+
+    def emulated_on(self) -> str | None:
+        """The host architecture this EP's device is emulated on here (None: it is real)."""
+        return None
+
+    def shown_name(self) -> str:
+        """Where a result ran, as a person reads it: "NAME (emulated on x86_64)" where
+        the device is emulated on this host, the plain name where it is real."""
+        name = self.display_name or self.key
+        host = self.emulated_on()
+        return f"{name} (emulated on {host})" if host else name
 
     def cpu_pinning(self, op_types: Sequence[str], work_dir: Path) -> dict[str, str] | None:
         """Provider options that keep `op_types` on the CPU (writing any file they name
@@ -276,6 +294,22 @@ def ep_key(name: str) -> str:
 
 def get_ep(name: str) -> ExecutionProvider:
     return _registry()[0][ep_key(name)]
+
+
+def ran_on_name(record: Mapping[str, Any]) -> str:
+    """Where a run recorded by `target_session` (verify, run, compare) happened, as a person
+    reads it: the name recorded then ("NAME (emulated on x86_64)"), else its key's."""
+    recorded = record.get("target_name")
+    if isinstance(recorded, str) and recorded:
+        return recorded
+    return shown_name(str(record.get("verified_on") or record.get("ran_on") or "?"))
+
+
+def shown_name(where: str) -> str:
+    """A result's origin as a person reads it: an EP key's `shown_name()`, anything else
+    (cpu-simulation, a key no installed plugin has) as it is."""
+    plugin = _registry()[0].get(where)
+    return plugin.shown_name() if plugin is not None else where
 
 
 def check_serves(ep: ExecutionProvider, device: str) -> None:

@@ -16,7 +16,11 @@ _METRICS: dict[str, tuple[str, str, bool]] = {
     "cosine": ("cosine", "", True),
     "max_abs": ("max_abs", "", False),
     "decision_iou": ("decision IoU", "", True),
+    "argmax_agreement": ("whole-sample argmax agreement", "", True),
 }
+# A softmax output is held to whole-sample argmax agreement besides its decisions' IoU: the
+# share of samples whose argmax over classes (every step of a sequence) is float's.
+ARGMAX_AGREEMENT = 0.8
 # VerifyConfig threshold names -> metric
 THRESHOLD_METRICS = {"min_sqnr_db": "sqnr_db", "min_cosine": "cosine", "max_abs": "max_abs"}
 PROBABILITY = "probability map"
@@ -110,11 +114,17 @@ def gates_for(
     is held to the IoU of its decisions (elements above 0.5, float vs target) instead of
     SQNR and cosine: a map of mostly near-zero scores has little signal power, so noise no
     decision notices sinks its SQNR, and one pixel at an object's edge moves max_abs by up
-    to 1 while the detection stands."""
+    to 1 while the detection stands. A softmax (rows over the last axis summing to 1, with
+    `argmax_agreement` measured) is also held to the share of samples whose whole argmax is
+    float's: decisions above 0.5 can hold while the classes picked change."""
     kind = output_kind(metrics) if probability_decision_iou is not None else None
     if kind == PROBABILITY and "decision_iou" in metrics:
         threshold = float(probability_decision_iou)
-        return [Gate(output, "decision_iou", float(metrics["decision_iou"]), threshold, True, kind)]
+        out = [Gate(output, "decision_iou", float(metrics["decision_iou"]), threshold, True, kind)]
+        if "argmax_agreement" in metrics:  # a softmax: its decisions are its argmax
+            value = float(metrics["argmax_agreement"])
+            out.append(Gate(output, "argmax_agreement", value, ARGMAX_AGREEMENT, True, kind))
+        return out
     out = []
     for name, metric in THRESHOLD_METRICS.items():
         threshold = limits.get(name)

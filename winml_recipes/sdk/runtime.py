@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names, for type checkers and editors
-    from winml_recipes.onnx.metrics import compare_runs
+    from winml_recipes.onnx.metrics import argmax_agreement, compare_runs
     from winml_recipes.runtime.bisect import explain
     from winml_recipes.runtime.epcontext import compile_epcontext
     from winml_recipes.runtime.providers import (
@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # the names, for type checkers and editors
 __all__ = [
     "SPLIT_VERSION",
     "SplitPlan",
+    "argmax_agreement",
     "availability",
     "compare_runs",
     "compile_epcontext",
@@ -72,7 +73,7 @@ def skip_if_unavailable(ep: Any, *, required: bool = False) -> StepResult | None
 
 def __getattr__(name: str) -> Any:
     """The implementation of `name`, imported when first asked for."""
-    if name == "compare_runs":
+    if name in ("compare_runs", "argmax_agreement"):
         from winml_recipes.onnx import metrics as module
 
         return getattr(module, name)

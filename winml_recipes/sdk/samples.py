@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the names, for type checkers and editors
     from winml_recipes.feeds import (
         UpstreamFeeds,
+        bundled_audio_input,
         bundled_image_input,
         check_npz,
+        check_npz_values,
         describe_source,
         feeds_for,
         image_files,
@@ -28,8 +30,10 @@ if TYPE_CHECKING:  # the names, for type checkers and editors
 
 __all__ = [
     "UpstreamFeeds",
+    "bundled_audio_input",
     "bundled_image_input",
     "check_npz",
+    "check_npz_values",
     "check_split",
     "describe_source",
     "feeds_for",
@@ -48,8 +52,10 @@ def __getattr__(name: str) -> Any:
     """The implementation of `name`, imported when first asked for."""
     if name in (
         "UpstreamFeeds",
+        "bundled_audio_input",
         "bundled_image_input",
         "check_npz",
+        "check_npz_values",
         "describe_source",
         "feeds_for",
         "image_files",

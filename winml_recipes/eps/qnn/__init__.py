@@ -55,8 +55,14 @@ class QnnHtp(ExecutionProvider):
                 out["qnn_sdk"] = str(info.qnn_version)
         return out
 
+    def emulated_on(self) -> str | None:
+        """x86_64 hosts run the Hexagon arithmetic in emulation; a Snapdragon (arm64) runs
+        the real HTP. The one place that decides it."""
+        return "x86_64" if platform.machine().lower() in _X86_64 else None
+
     def emulation_note(self) -> str | None:
-        return EMULATED_HTP if platform.machine().lower() in _X86_64 else None
+        host = self.emulated_on()
+        return EMULATED_HTP if host else None
 
     def cpu_pinning(self, op_types: Sequence[str], work_dir: Path) -> dict[str, str] | None:
         """op_affinity (onnxruntime-qnn 2.7): a JSON file {"op_type": {T: "cpu"}}, by op
@@ -118,6 +124,7 @@ PLUGIN = QnnHtp(
     library_env="WINML_RECIPES_QNN_LIBRARY",
     options={"backend_type": "htp"},
     backend="htp",
+    display_name="QNN HTP",
     quant_rules=QnnQuantRules(name="qnn"),
     compiles="epcontext",
     compile_options={"htp_arch": "htp_arch", "soc_model": "soc_model"},

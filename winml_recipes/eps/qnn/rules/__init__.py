@@ -34,6 +34,7 @@ RULES = (
     "erf_gelu_to_gelu", RULE_TRANSPOSES, "channel_scatter_to_elementwise",
     "constant_scatter_to_arithmetic", "constant_gathernd_to_gather", "merge_constant_chain",
     "zero_constant_add", "rotate_pairwise_to_gather", "chunk_attention_queries",
+    "waveform_conv_to_polyphase",
 )  # fmt: skip
 
 
@@ -160,6 +161,7 @@ def float_rewrites(max_tensor_elements: int | None = None) -> list[Step]:
 
     from winml_recipes.eps.qnn.rules import rules as r
     from winml_recipes.eps.qnn.rules.attention import ChunkedAttentionPass
+    from winml_recipes.eps.qnn.rules.waveform_conv import WaveformConvPass
 
     def chunk(model: ir.Model, log: RewriteLog) -> object:
         assert max_tensor_elements is not None
@@ -176,6 +178,7 @@ def float_rewrites(max_tensor_elements: int | None = None) -> list[Step]:
         Step(r.BatchNormToMulAdd.rule_name, _rules(one(r.BatchNormToMulAdd))),
         Step(r.WhereOfConstantsToArithmetic.rule_name, _rules(one(r.WhereOfConstantsToArithmetic))),
         Step(r.ErfGeluPass.rule_name, lambda m, log: r.ErfGeluPass(log)(m)),
+        Step(WaveformConvPass.rule_name, lambda m, log: WaveformConvPass(log)(m)),
         Step(RULE_TRANSPOSES, _rules(_transposes)),
         Step(RULE_IDENTITY, _library_pass(_IdentityElimination())),
         Step(r.ChannelScatterToElementwise.rule_name, _rules(one(r.ChannelScatterToElementwise))),

@@ -1,0 +1,98 @@
+"""Each audio family from a tiny `save_pretrained` folder through `init` and `build`, judged
+by its task metric on QNN HTP (CPU fallback off) and on cpu/int8, with the bundled speech as
+held-out data; and the catalog's tiny twins through their recipes. Minutes under load: slow.
+
+Before: Wav2Vec2ForCTC and AST were refused by init; the wav2vec2 and HuBERT classifiers
+were written as text classification with input_ids and failed to export."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.audio_models import saved
+from tests.conftest import cli
+from tests.integration.test_qnn import QNN_WHEELS
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not QNN_WHEELS, reason="no onnxruntime-qnn wheel here"),
+]
+REPO = Path(__file__).resolve().parents[2]
+METRIC = {
+    "automatic-speech-recognition": ("ctc-sequence-agreement", "sequence_agreement"),
+    "audio-classification": ("top-k-agreement", "top1_agreement"),
+    "audio-feature-extraction": ("embedding-cosine", None),
+}
+# The tiny CTC head is random: about 100 characters a second, every frame a near tie, so its
+# transcripts differ already in the CPU simulation of the QDQ model (sequence agreement 0 of
+# 4, characters 0.947); on HTP the wav2vec2 feature projection's LayerNormalization adds more
+# on silence frames (rows whose variance is below its epsilon: 49 of 398 frames hold 85% of
+# the error; logits 18.3 dB on HTP vs 31.6 dB simulated). The gate fails it, as it must.
+CTC_FAILS = pytest.mark.xfail(
+    strict=True, reason="tiny random CTC head: transcripts differ (see CTC_FAILS)"
+)
+
+
+def _verify(out: Path, name: str, target: str) -> dict:
+    folder = out / name / target
+    folder = folder if folder.is_dir() else folder.with_name(f"{target}.failed")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    steps = manifest["components"]["model"]["steps"]
+    return next(s for s in steps if s["pass"] == "verify")["metrics"]
+
+
+def _build(recipe: Path, device: str, precision: str, out: Path, *catalog: str | Path):
+    return cli("build", recipe, "--device", device, "--precision", precision, "-o", out,
+               *catalog)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "arch",
+    [
+        pytest.param("wav2vec2-ctc", marks=CTC_FAILS),
+        "wav2vec2-cls",
+        "hubert-cls",
+        "ast-cls",
+        "whisper-encoder",
+    ],
+)
+def test_audio_family_builds_on_htp_judged_by_its_metric(
+    arch: str, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    folder = saved(arch, tmp_path / "models")
+    done = cli("init", folder, "--name", arch)
+    assert done.exit_code == 0, done.stderr
+    entry = (tmp_path / "catalog" / f"{arch}.yaml").read_text()
+    task = next(x.split(": ")[1] for x in entry.splitlines() if x.startswith("task: "))
+    metric, key = METRIC[task]
+    recipe = tmp_path / "recipes" / f"{arch}.yaml"
+    for device, precision in (("npu", "w8a16"), ("cpu", "int8")):
+        done = _build(recipe, device, precision, tmp_path / "out")
+        verify = _verify(tmp_path / "out", arch, f"{device}-{precision}")
+        assert verify["data_source"] == "bundled speech (heldout set)"
+        assert verify["task_metric"]["metric"] == metric
+        if device == "npu":
+            assert verify["verified_on"] == "qnn-htp" and verify["cpu_fallback_allowed"] is False
+            assert "task_metric" in verify["cpu_simulation"]
+        assert done.exit_code == 0, done.stderr[-1500:]
+        if key is not None:
+            assert verify["task_metric"]["values"][key] >= 0.75
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        pytest.param("wav2vec2-base-960h-tiny", marks=CTC_FAILS),
+        "wav2vec2-base-superb-ks-tiny",
+        "whisper-tiny-encoder-tiny",
+    ],
+)
+def test_catalog_tiny_twin_builds_on_htp(entry: str, tmp_path: Path) -> None:
+    done = _build(REPO / "recipes" / f"{entry}.yaml", "npu", "w8a16", tmp_path)
+    verify = _verify(tmp_path, entry, "npu-w8a16")
+    assert verify["verified_on"] == "qnn-htp" and verify["data_source"].startswith("bundled speech")
+    assert done.exit_code == 0, done.stderr[-1500:]
