@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from winml_recipes.exporters import ExporterFamily, heads, speech_heads
+from winml_recipes.exporters import ExporterFamily, heads, speech_heads, vision
+from winml_recipes.exporters.fields import MAX_CHANNELS, MAX_COUNT, MAX_SIDE, _numbers, _whole
 from winml_recipes.modelfolder import TRUST_REMOTE_CODE
 from winml_recipes.sdk.errors import SourceError
-from winml_recipes.untrusted import printable
 
 if TYPE_CHECKING:
     from winml_recipes.exporters import ExportOutput, ExportRequest
@@ -61,6 +61,19 @@ TASKS: dict[str, Task] = {
     ),
     # the encoder of an encoder-decoder audio model (task_of picks it for audio configs)
     "audio-feature-extraction": Task("AutoModel", ("last_hidden_state",), "audio"),
+    # dense-prediction vision heads; exporters/vision.py sizes their inputs and outputs
+    "depth-estimation": Task(
+        "AutoModelForDepthEstimation", ("predicted_depth",), "image", ("ForDepthEstimation",)
+    ),
+    "semantic-segmentation": Task(
+        "AutoModelForSemanticSegmentation", ("logits",), "image", ("ForSemanticSegmentation",)
+    ),
+    "object-detection": Task(
+        "AutoModelForObjectDetection", ("logits", "pred_boxes"), "image", ("ForObjectDetection",)
+    ),
+    "image-to-image": Task(
+        "AutoModelForImageToImage", ("reconstruction",), "image", ("ForImageSuperResolution",)
+    ),
     # CTC speech recognizers taking a waveform (speech_heads.py picks it by the model class)
     "automatic-speech-recognition": Task("AutoModelForCTC", ("logits",), "audio"),
     # text, two-tower and image-embedding families (heads.py picks the class and inputs)
@@ -191,6 +204,8 @@ def export(req: ExportRequest) -> ExportOutput:
         channels = int(getattr(model.config, "num_channels", 3))
         size = getattr(model.config, "image_size", 224)
         h, w = (size, size) if isinstance(size, int) else tuple(size)
+        if req.task in vision.TASKS:
+            h, w = vision.trace_size(model, req.model_id, req.revision)
         names = ("pixel_values",)
         args = (torch.rand(b, channels, h, w, generator=gen) * 2 - 1,)
         dims = {0: "batch"}
@@ -314,51 +329,6 @@ def _audio_task_of(archs: list[str]) -> str:
     return "audio-feature-extraction"
 
 
-# Bounds for numbers read from a model's config files: larger is no input a model takes.
-MAX_SIDE = 8192  # image height / width
-MAX_CHANNELS = 64
-MAX_COUNT = 1 << 24  # vocabulary, labels, hidden size
-# Means and stds are on a 0-1 or 0-255 scale; these keep the normalized range finite (NaN
-# fails every comparison, so it is refused too).
-_MAX_STAT = 1e4
-_MIN_STD = 1e-6
-
-
-def _whole(value: Any, field: str, where: str, maximum: int) -> int:
-    """`value` as a whole number from 1 to `maximum`, else a one-line error naming `field`."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
-        raise SourceError(
-            f"{field} is {printable(repr(value))[:60]}; expected a whole number from 1 to "
-            f"{maximum:,}",
-            where=where,
-        )
-    return value
-
-
-def _numbers(value: Any, field: str, where: str, channels: int, positive: bool) -> list[float]:
-    """A mean or std: one number or one per channel, finite (and above 0 for `positive`)."""
-    values = [value] if isinstance(value, int | float) and not isinstance(value, bool) else value
-    if not isinstance(values, list) or len(values) not in (1, channels):
-        raise SourceError(
-            f"{field} is {printable(repr(value))[:60]}; expected a list of {channels} numbers",
-            where=where,
-        )
-    out = []
-    for i, v in enumerate(values):
-        ok = isinstance(v, int | float) and not isinstance(v, bool) and abs(v) <= _MAX_STAT
-        if not ok or (positive and v < _MIN_STD):
-            need = (
-                f"a number from {_MIN_STD:g} to {_MAX_STAT:g}"
-                if positive
-                else (f"a number from {-_MAX_STAT:g} to {_MAX_STAT:g}")
-            )
-            raise SourceError(
-                f"{field}[{i}] is {printable(repr(v))[:40]}; expected {need}", where=where
-            )
-        out.append(float(v))
-    return out * channels if len(out) == 1 else out
-
-
 def image_block(
     preprocessor: Mapping[str, Any] | None,
     channels: int,
@@ -417,6 +387,8 @@ def catalog_components(
         return {"model": speech_heads.component(config, task, preprocessor, where, _whole, vocab)}
     if TASKS[task].modality == "audio":
         return {"model": _audio_component(config, task, preprocessor, where)}
+    if task in vision.TASKS:
+        return {"model": vision.component(config, task, preprocessor, where, str(source))}
     if TASKS[task].modality == "image":
         channels = field("num_channels", 3, MAX_CHANNELS)
         pixel: dict[str, Any] = {"dtype": "float32", "range": [-1.0, 1.0]}

@@ -153,6 +153,10 @@ class BoxF1(TaskMetric):
         self.size = size  # the image input's (height, width)
 
     def outputs_used(self, contract: IOContract) -> tuple[str, ...] | None:
+        from winml_recipes.metrics.query_detection import is_query_head
+
+        if is_query_head(contract):  # DETR-style heads: query-box-f1 decodes those
+            return None
         names = tuple(s.name for s in contract.outputs)
         return names or None
 

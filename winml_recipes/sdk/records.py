@@ -117,9 +117,9 @@ class StepRecord:
         "Pass metrics. verify adds verified_on (an EP key such as cpu, or "
         "cpu-simulation where the device's EP cannot load here), execution_provider "
         "{key, provider, backend, available, versions | reason}, placement {nodes, "
-        "partitions per EP} and cpu_simulation {outputs}; quantize with mixed_precision "
-        "auto adds mixed_precision_auto (promoted[] with kind, round and the damage "
-        "measured for each, rounds[] with each round's output SQNR; README, Quantization); "
+        "partitions per EP} and cpu_simulation {outputs, task_metric}; quantize with "
+        "mixed_precision auto adds mixed_precision_auto (promoted[] with kind, round and the "
+        "damage measured for each, rounds[] with each round's output SQNR; README, Quantization); "
         "compile in parts adds split {parts[] (CompiledPartRecord: index, nodes, inputs, "
         "outputs, estimate_mb, binaries, prepare_seconds, prepare_peak_rss_mb), boundary, "
         "why, whole_estimate_mb}.",
