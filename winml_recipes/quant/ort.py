@@ -88,9 +88,9 @@ def quantize_static_qdq(
     EP's quantization rules (its arguments for onnxruntime's quantizer and its rewrite of
     the written model), when the config applies them. Returns what was repaired of
     onnxruntime's known mistakes in the written graph (quant/validity.py)."""
-    from winml_recipes.quant.validity import repair
-
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_static
+
+    from winml_recipes.quant.validity import repair
 
     args = rules.quantizer_args(src, cfg, overrides, exclude) if rules is not None else None
     if args is None:

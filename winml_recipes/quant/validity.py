@@ -101,8 +101,10 @@ def check(path: Path, float_path: Path, feed: Mapping[str, np.ndarray] | None) -
 def _invalid(problem: str) -> PassError:
     node = _node_named(problem)
     where = f" at node {node}" if node else ""
-    keep = f"keep it in float with quantize: {{exclude: [{node}]}}" if node else (
-        "keep the named tensor's nodes in float with quantize: {exclude: [...]}"
+    keep = (
+        f"keep it in float with quantize: {{exclude: [{node}]}}"
+        if node
+        else ("keep the named tensor's nodes in float with quantize: {exclude: [...]}")
     )
     cause = " ".join(problem.split())[:240]
     return PassError(
@@ -252,7 +254,7 @@ def _shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
     """Static shapes of the graph's values, as onnx's shape inference gives them."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001 - shapes are a help here, not a requirement
+    except Exception:
         return {}
     out: dict[str, list[int | None]] = {}
     for v in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
