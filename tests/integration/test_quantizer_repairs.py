@@ -174,3 +174,52 @@ def test_an_invalid_graph_is_a_quantize_error_naming_the_node(tmp_path: Path) ->
     assert "invalid graph" in caught.value.message
     assert "unsq" in caught.value.message or "transpose" in caught.value.message
     check(model, model, feed)  # the float model itself passes
+
+
+def test_degenerate_scales_are_kept_float_with_the_reason(tmp_path: Path) -> None:
+    """A NaN weight scale and a zero activation scale (what onnxruntime's quant_utils makes
+    of degenerate ranges, warning "invalid value encountered in divide"): the weight comes
+    back as the float model's constant, the activation's Q/DQ is bypassed, and the graph
+    computes the float model's values there."""
+    from winml_recipes.quant.validity import check, repair
+
+    w = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+    float_model = _save(
+        tmp_path / "float.onnx",
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"),
+         helper.make_node("Relu", ["y"], ["z"], name="relu")],
+        [helper.make_tensor_value_info("x", F, [1, 4])],
+        [helper.make_tensor_value_info("z", F, [1, 3])],
+        [numpy_helper.from_array(w, "w")],
+    )  # fmt: skip
+    u8 = TensorProto.UINT8
+    qdq = _save(
+        tmp_path / "q.onnx",
+        [helper.make_node("DequantizeLinear", ["w_quantized", "w_scale", "zp"], ["w_dq"],
+                          name="w_DequantizeLinear"),
+         helper.make_node("MatMul", ["x", "w_dq"], ["y"], name="mm"),
+         helper.make_node("QuantizeLinear", ["y", "y_scale", "zp"], ["y_q"],
+                          name="y_QuantizeLinear"),
+         helper.make_node("DequantizeLinear", ["y_q", "y_scale", "zp"], ["y_dq"],
+                          name="y_DequantizeLinear"),
+         helper.make_node("Relu", ["y_dq"], ["z"], name="relu")],
+        [helper.make_tensor_value_info("x", F, [1, 4])],
+        [helper.make_tensor_value_info("z", F, [1, 3])],
+        [numpy_helper.from_array(np.full((4, 3), 7, np.uint8), "w_quantized"),
+         numpy_helper.from_array(np.array(np.nan, np.float32), "w_scale"),
+         numpy_helper.from_array(np.array(0.0, np.float32), "y_scale"),
+         helper.make_tensor("zp", u8, [], [0])],
+    )  # fmt: skip
+    repairs = repair(qdq, float_model)
+    assert {r["node"]: r["repair"].split(" (")[0] for r in repairs} == {
+        "w_DequantizeLinear": "kept float",
+        "y_QuantizeLinear": "kept float",
+        "y_DequantizeLinear": "kept float",
+    }
+    assert all("scale" in r["why"] for r in repairs)
+    feed = {"x": np.array([[1.0, -2.0, 3.0, 0.5]], np.float32)}
+    check(qdq, float_model, feed)
+    from winml_recipes.runtime.sessions import run_model
+
+    (want,), (got,) = run_model(float_model, [feed]), run_model(qdq, [feed])
+    np.testing.assert_allclose(got["z"], want["z"], rtol=1e-6)

@@ -152,9 +152,7 @@ def choose(
     return done, record
 
 
-def _run(
-    candidate: Path, feeds: list[dict], device: str, ep: str
-) -> tuple[list[dict], bool | str]:
+def _run(candidate: Path, feeds: list[dict], device: str, ep: str) -> tuple[list[dict], bool | str]:
     """`candidate`'s outputs on the target's EP (the CPU simulation where it is absent), and
     whether nodes fell back to the CPU: on the EP alone first, as verify runs it and as it is
     deployed. With fallback allowed, an NPU EP may leave the graph's input QuantizeLinear and
