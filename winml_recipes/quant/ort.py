@@ -256,6 +256,7 @@ def restore_float_inputs(model_path: Path, float_nodes: list[str]) -> int:
     are dropped.
     """
     from winml_recipes.onnx.io import load_model, save_model
+    from winml_recipes.quant.validity import drop_unread_qdq
 
     if not float_nodes:
         return 0
@@ -280,19 +281,3 @@ def restore_float_inputs(model_path: Path, float_nodes: list[str]) -> int:
     drop_unread_qdq(graph)
     save_model(model, model_path)
     return rewired
-
-
-def drop_unread_qdq(graph) -> None:
-    """Remove QuantizeLinear/DequantizeLinear nodes whose outputs nothing reads."""
-    outputs = {o.name for o in graph.output}
-    while True:
-        read = {i for n in graph.node for i in n.input} | outputs
-        dead = [
-            n
-            for n in graph.node
-            if n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.output[0] not in read
-        ]
-        if not dead:
-            return
-        for n in dead:
-            graph.node.remove(n)

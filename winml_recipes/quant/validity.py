@@ -240,8 +240,6 @@ def _float_constants(float_path: Path) -> dict[str, np.ndarray]:
 
 
 def _drop_unused(graph: onnx.GraphProto, inits: dict[str, onnx.TensorProto]) -> None:
-    from winml_recipes.quant.ort import drop_unread_qdq
-
     drop_unread_qdq(graph)
     read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
     for name, t in list(inits.items()):
@@ -267,3 +265,19 @@ def _shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
 def first_feed(factory: Any) -> dict[str, np.ndarray] | None:
     """The first sample a feed factory gives (None: it gives none)."""
     return next(iter(factory()), None)
+
+
+def drop_unread_qdq(graph) -> None:
+    """Remove QuantizeLinear/DequantizeLinear nodes whose outputs nothing reads."""
+    outputs = {o.name for o in graph.output}
+    while True:
+        read = {i for n in graph.node for i in n.input} | outputs
+        dead = [
+            n
+            for n in graph.node
+            if n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.output[0] not in read
+        ]
+        if not dead:
+            return
+        for n in dead:
+            graph.node.remove(n)
