@@ -34,6 +34,8 @@ from onnx import numpy_helper
 from winml_recipes.sdk.errors import PassError
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")
+# onnxruntime writes 16-bit Q/DQ in the com.microsoft domain below opset 21
+QDQ_DOMAINS = ("", "ai.onnx", "com.microsoft")
 # Models above this size are checked by session creation only (no CPU run), as quant/ort.py
 # calls a model large.
 LARGE_MODEL_BYTES = 1 << 30
@@ -61,7 +63,7 @@ def _repair_model(model: onnx.ModelProto, float_path: Path) -> list[dict[str, st
     done: list[dict[str, str]] = []
     floats: dict[str, np.ndarray] | None = None
     for node in list(graph.node):
-        if node.op_type not in QDQ or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        if node.op_type not in QDQ or node.domain not in QDQ_DOMAINS or len(node.input) < 2:
             continue
         scale_t = inits.get(node.input[1])
         if scale_t is None or _external(scale_t):

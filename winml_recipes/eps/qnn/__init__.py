@@ -118,7 +118,7 @@ PLUGIN = QnnHtp(
     library_env="WINML_RECIPES_QNN_LIBRARY",
     options={"backend_type": "htp"},
     backend="htp",
-    quant_rules=QnnQuantRules(name="qnn"),
+    quant_rules=QnnQuantRules(name="qnn", revision=1),  # 1: Reciprocal kept float
     compiles="epcontext",
     compile_options={"htp_arch": "htp_arch", "soc_model": "soc_model"},
     unreproducible_artifacts=r".*_qnn\.bin",
