@@ -559,7 +559,7 @@ CORPUS: dict[str, Entry] = {
         Entry("silero-vad", "recurrent/audio", "silero-vad", _silero, "speech prob within 0.1",
               metrics.within("output", 0.1), 0.875, True),
         Entry("magika", "classifier (Keras, tf2onnx)", "magika", _magika, "top-1 agreement",
-              metrics.top1("target_label"), 0.875, True),
+              metrics.top1("target_label"), 0.875, False),  # 441 s a w8a16 build under load
         Entry("basic-pitch", "audio CNN (TensorFlow, tf2onnx)", "basic-pitch", _basic_pitch,
               "note mask IoU @0.3", metrics.mask_iou("StatefulPartitionedCall:1", 0.3), 0.8,
               False),
