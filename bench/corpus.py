@@ -13,7 +13,8 @@ then each candidate's task metric against the float model on the held-out sample
 QNN HTP with CPU fallback off (the failure's first line where the graph does not load),
 and where its nodes run (with fallback allowed, when fallback off fails).
 Each cell runs in its own process (an EP that crashes takes only that cell).
-Run: `python bench/corpus.py [--models a,b] [--precisions w8a16] [--json F]`.
+- static (with --static): plain onnxruntime `quantize_static` (QDQ, MinMax, per tensor).
+Run: `python bench/corpus.py [--models a,b] [--precisions w8a16] [--static] [--json F]`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from tests.corpus.quantizers import (  # noqa: E402
     init_build,
     measure,
     ort,
+    static,
     tool,
 )
 
@@ -57,7 +59,7 @@ def cell(name: str, precision: str, who: str) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"corpus-{name}-{who}-") as tmp:
         started = time.perf_counter()
         try:
-            built = (tool if who == "tool" else ort)(p, precision, Path(tmp))
+            built = {"tool": tool, "ort": ort, "static": static}[who](p, precision, Path(tmp))
         except GateFailed as exc:  # withheld: what would the kept candidate have done?
             kept = measure(p, exc.candidate)
             return row | {"error": first_line(str(exc)), "kept": kept.get("task"),
@@ -101,13 +103,15 @@ def _cellstr(r: dict) -> str:
 
 
 HEADER = ("| model | kind | precision | metric | tool on HTP | ORT recipe on HTP "
-          "| placement (tool / ORT) |\n|---|---|---|---|---|---|---|")  # fmt: skip
+          "| quantize_static on HTP | placement (tool / ORT) |\n"
+          "|---|---|---|---|---|---|---|---|")  # fmt: skip
+NOT_RUN = {"na": "-"}
 
 
-def line(t: dict, o: dict) -> str:
+def line(t: dict, o: dict, s: dict | None = None) -> str:
     place = f"{_short(t.get('placement', '-'))} / {_short(o.get('placement', '-'))}"
     return (f"| {t['model']} | {t.get('kind', '')} | {t['precision']} | {t.get('metric', '')} "
-            f"| {_cellstr(t)} | {_cellstr(o)} | {place} |")  # fmt: skip
+            f"| {_cellstr(t)} | {_cellstr(o)} | {_cellstr(s or NOT_RUN)} | {place} |")  # fmt: skip
 
 
 def render(rows: list[dict]) -> None:
@@ -121,7 +125,7 @@ def render(rows: list[dict]) -> None:
         for precision in PRECISIONS:
             t, o = cells.get((name, precision, "tool")), cells.get((name, precision, "ort"))
             if t and o:
-                print(line(t, o))
+                print(line(t, o, cells.get((name, precision, "static"))))
             i = cells.get((name, precision, "init"))
             if i and t:
                 print(line({**i, "model": f"{name} via init", "kind": t.get("kind", "")},
@@ -135,6 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", default=",".join([*models.CORPUS, *models.HF]))
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--static", action="store_true",
+                        help="also plain onnxruntime quantize_static (QDQ, MinMax)")  # fmt: skip
     parser.add_argument("--render", type=Path, nargs="+", metavar="JSON",
                         help="print the table of saved --json rows (later files win)")  # fmt: skip
     parser.add_argument("--cell", nargs=3, metavar=("MODEL", "PRECISION", "WHO"),
@@ -152,8 +158,9 @@ def main(argv: list[str] | None = None) -> None:
         models.prepare(name)  # once, before the cells read it
         for precision in [p for p in args.precisions.split(",") if p]:
             t, o = run_cell(name, precision, "tool"), run_cell(name, precision, "ort")
-            rows += [t, o]
-            print(line(t, o), flush=True)
+            s = run_cell(name, precision, "static") if args.static else None
+            rows += [t, o, *([s] if s else [])]
+            print(line(t, o, s), flush=True)
             if name in models.HF:
                 i = run_cell(name, precision, "init")
                 rows.append(i)

@@ -69,6 +69,16 @@ WHEELS: dict[str, Wheel] = {
         Wheel("silero-vad", "6.2.3", "silero_vad-6.2.3-py3-none-any.whl",
               "7b7f5436cfcb02fae583a05b512ea96467fd449fe54cb49a5e4f06c51a1e43b8",
               ("silero_vad/data/silero_vad_16k_op15.onnx",), "MIT"),
+        # tf2onnx graphs: Keras byte-sequence classifier (jax2tf -> TF -> tf2onnx 1.16) and
+        # TensorFlow audio CNN that computes its own constant-Q transform (tf2onnx 1.15)
+        Wheel("magika", "1.0.3", "magika-1.0.3-py3-none-manylinux_2_28_x86_64.whl",
+              "3e9b49134e8116ee40b431664dcbed9e199413efddcce1a173c734b4e0521529",
+              ("magika/models/standard_v3_3/model.onnx",
+               "magika/models/standard_v3_3/config.min.json"), "Apache-2.0",
+              platform="manylinux_2_28_x86_64"),
+        Wheel("basic-pitch", "0.4.0", "basic_pitch-0.4.0-py2.py3-none-any.whl",
+              "738adb503aae7fdfc7d1e1511aa0ce35052315f260a19531ef4c356708425db0",
+              ("basic_pitch/saved_models/icassp_2022/nmp.onnx",), "Apache-2.0"),
         # Photographs only (licences in skimage/data/_fetchers.py's docstrings: astronaut,
         # rocket, hubble: NASA/public domain; chelsea, coffee, camera, coins: CC0/public domain).
         Wheel("scikit-image", "0.26.0",

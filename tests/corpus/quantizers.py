@@ -5,6 +5,7 @@
   plugin, as its user would name it), in a child process;
 - `ort`: onnxruntime's QNN recipe on the same data: inputs fixed to the data's shapes,
   `qnn_preprocess_model` where it works, `get_qnn_qdq_config` + `quantize`;
+- `static`: plain onnxruntime `quantize_static` (QDQ, MinMax) on the same data;
 - `init_build`: `init` on a save_pretrained folder, then `build` of its recipe;
 - `measure`: the task metric against the float model on the held-out samples, on QNN HTP
   with CPU fallback off (and, when that fails, where the nodes would run with fallback).
@@ -87,14 +88,9 @@ def tool(p, precision: str, work: Path) -> Path:
     return found[0]
 
 
-def ort(p, precision: str, work: Path) -> Path:
-    """onnxruntime's own QNN recipe for `p` on the same calibration data."""
+def _fixed(p, work: Path) -> Path:
+    """The model with its inputs fixed to the data's shapes."""
     import onnx
-    from onnxruntime.quantization import QuantType, quantize
-    from onnxruntime.quantization.execution_providers.qnn import (
-        get_qnn_qdq_config,
-        qnn_preprocess_model,
-    )
     from onnxruntime.tools.onnx_model_utils import make_input_shape_fixed
 
     from tests.corpus import models
@@ -110,6 +106,31 @@ def ort(p, precision: str, work: Path) -> Path:
                 dim.dim_value = size
     fixed = work / "fixed.onnx"
     onnx.save(proto, str(fixed))
+    return fixed
+
+
+def static(p, precision: str, work: Path) -> Path:
+    """Plain `onnxruntime.quantization.quantize_static` (QDQ, MinMax, per tensor; QUInt8
+    weights, QUInt8 activations for uint8, QUInt16 for w8a16) on the same data."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    act = QuantType.QUInt16 if precision == "w8a16" else QuantType.QUInt8
+    out = work / "static.onnx"
+    quantize_static(str(_fixed(p, work)), str(out), _Reader(p.calib),
+                    quant_format=QuantFormat.QDQ, activation_type=act,
+                    weight_type=QuantType.QUInt8)  # fmt: skip
+    return out
+
+
+def ort(p, precision: str, work: Path) -> Path:
+    """onnxruntime's own QNN recipe for `p` on the same calibration data."""
+    from onnxruntime.quantization import QuantType, quantize
+    from onnxruntime.quantization.execution_providers.qnn import (
+        get_qnn_qdq_config,
+        qnn_preprocess_model,
+    )
+
+    fixed = _fixed(p, work)
     pre = work / "preprocessed.onnx"
     try:
         if not qnn_preprocess_model(str(fixed), str(pre)):

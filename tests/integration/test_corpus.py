@@ -4,8 +4,8 @@ Hugging Face architectures, each built for npu/w8a16 and npu/uint8 as a user bui
 heldout.npz`, no other flag), and judged by its TASK metric on the held-out samples on QNN
 HTP (CPU fallback off) against the float model: at least the model's threshold, and at
 least what onnxruntime's own QNN recipe (`get_qnn_qdq_config` + `quantize`, same data)
-reaches there (a recipe that does not run on HTP scores 0; embedding cosines within 0.002
-count as a tie).
+and plain `quantize_static` reach there (a recipe that does not run on HTP scores 0;
+embedding cosines within 0.002 count as a tie).
 
 The fetch (tests/corpus/fetch.py) and the prepared data live in the corpus cache, which
 persists between runs: only the first run downloads. Models that do not reach the NPU yet
@@ -38,6 +38,20 @@ FAILING: dict[tuple[str, str], str] = {
     ("silero-vad", "w8a16"): "exit 3: model/verify [npu/w8a16]: verification on qnn-htp "
     "failed: stateN: SQNR 14.99 dB (gate >= 20 dB) (the recurrent state the next chunk reads; "
     "the speech probability passes; uint8 passes)",
+    ("magika", "uint8"): _GATE.format(
+        "uint8",
+        "target_label (probability map): decision IoU 0.7778 (gate >= 0.8) FAIL; kept: top-1 "
+        "0.875 on HTP, as quantize_static's (onnxruntime's QNN recipe: 0.125)",
+    ),
+    **{
+        ("basic-pitch", p): _GATE.format(
+            p,
+            "StatefulPartitionedCall:2 (probability map): decision IoU 0.2658 (gate >= 0.8) "
+            "FAIL; kept: note mask IoU 0.5932 at w8a16 (uint8 not measured); onnxruntime's "
+            "QNN recipe and quantize_static write an invalid graph (Transpose perm)",
+        )
+        for p in PRECISIONS
+    },
     **{
         ("resemblyzer", p): f"exit 2: model/verify [npu/{p}]: QNNExecutionProvider (htp) "
         "failed to finalize the graph (QNN_COMMON_ERROR_MEM_ALLOC); the smallest failing "
@@ -70,6 +84,9 @@ def _cases(names, failing: dict, fast) -> list:
 
 
 ENTRIES = {**models.CORPUS, **models.HF}
+# Models also held to plain quantize_static's task metric (issue 35's tf2onnx graphs); the
+# others have not been measured against it yet.
+STATIC_COMPARED = {"magika", "basic-pitch"}
 
 
 @pytest.mark.parametrize(
@@ -85,15 +102,18 @@ def test_task_metric_on_htp_at_least_onnxruntime_recipe(
     assert "task" in ours, f"{name} npu/{precision} does not run on HTP: {ours}"
     assert ours["ran_on"] == _expected_ep()
     assert ours["task"] >= p.entry.bar(precision), f"{p.entry.metric_name} {ours['task']}"
-    (tmp_path / "ort").mkdir()
-    try:
-        theirs = quantizers.measure(p, quantizers.ort(p, precision, tmp_path / "ort"))
-    except Exception as exc:  # onnxruntime's quantizer itself failed on this model
-        theirs = {"fails": quantizers.first_line(str(exc))}
     # cosines within 0.002 are a tie (0.9994 against 0.9995 is not a task difference); every
-    # other metric counts decisions and must be at least onnxruntime's
+    # other metric counts decisions and must be at least onnxruntime's (its QNN recipe and
+    # plain quantize_static, each scoring 0 where it does not run on HTP)
     slack = 0.002 if "cosine" in p.entry.metric_name else 0.0
-    assert ours["task"] >= theirs.get("task", 0.0) - slack, (ours, theirs)
+    for who in ("ort", "static") if name in STATIC_COMPARED else ("ort",):
+        (tmp_path / who).mkdir()
+        try:
+            built = getattr(quantizers, who)(p, precision, tmp_path / who)
+            theirs = quantizers.measure(p, built)
+        except Exception as exc:  # onnxruntime's quantizer itself failed on this model
+            theirs = {"fails": quantizers.first_line(str(exc))}
+        assert ours["task"] >= theirs.get("task", 0.0) - slack, (who, ours, theirs)
 
 
 HF_FAST = {"bert", "vit"}  # the issue's two named cases; the others behind slow

@@ -236,3 +236,25 @@ def test_an_interleave_that_is_no_rotation_is_left_alone(tmp_path) -> None:
     np.testing.assert_array_equal(_run(done.model, {"x": x}), before)
     assert done.log.count("rotate_pairwise_to_gather") == 0
     assert "Concat" in [n.op_type for n in done.model.graph.node]
+
+
+def test_max_with_minus_infinity_becomes_the_other_operand() -> None:
+    """jax2tf's `Max(ReduceMax(x), -inf)` (magika's softmax): exact as x; a `Max` with a
+    finite constant, and a `Min` with -inf, are left alone."""
+    nodes = [
+        helper.make_node("ReduceMax", ["x"], ["m"], name="rmax", keepdims=1),
+        helper.make_node("Max", ["m", "minus_inf"], ["m2"], name="Maximum"),
+        helper.make_node("Max", ["m2", "one"], ["m3"], name="floor"),
+        helper.make_node("Min", ["m3", "minus_inf"], ["y"], name="keep"),
+    ]
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", F, [2, 5])],
+        [helper.make_tensor_value_info("y", F, [2, 1])],
+        [numpy_helper.from_array(np.array(-np.inf, np.float32), "minus_inf"),
+         numpy_helper.from_array(np.array(-3.0, np.float32), "one")],
+    )  # fmt: skip
+    x = np.random.default_rng(3).normal(size=(2, 5)).astype(np.float32)
+    count, ops = _same_after(model, {"x": x}, "infinite_bound_to_identity")
+    assert count == 1
+    assert ops == ["ReduceMax", "Max", "Min"]

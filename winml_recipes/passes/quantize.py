@@ -38,7 +38,7 @@ HELD_OUT_KEYS = ("npz", "images", "dataset")
 @register
 class QuantizePass(Pass[QuantizeOptions]):
     name = "quantize"
-    version = 8
+    version = 9
     summary = "Static (calibrated QDQ, the EP's rules, mixed precision) or dynamic quantization."
     precisions = precisions_of_kind("integer")
     uses_contract = True
@@ -305,6 +305,8 @@ def _static(
         "kept_float_nonfinite": done.nonfinite,
         # activations holding sentinels (float32-min attention masks): range clamped
         "clamped_sentinels": done.sentinels,
+        # onnxruntime's quantizer's mistakes repaired in the written graph (validity.py)
+        "quantizer_repairs": done.repairs,
         # what the EP's quantization rules changed (shared encodings, widened ranges, ...)
         **ep_metrics,
     }
@@ -466,6 +468,8 @@ class _Quantized:
     insertion_seconds: float
     algorithms: dict[str, Any] = field(default_factory=dict)
     ranges: dict[str, Any] = field(default_factory=dict)  # what ranges_path holds
+    # what onnxruntime's quantizer got wrong and was repaired (quant/validity.py)
+    repairs: list[dict[str, str]] = field(default_factory=list)
 
 
 def _quantize_with(
@@ -553,7 +557,8 @@ def _quantize_with(
     exclude = [*exclude, *[n for n in dict.fromkeys(float_nodes) if n not in exclude]]
     del model
     started = time.perf_counter()
-    quantize_static_qdq(src, out, cfg, ranges_path, overrides, exclude, rules)
+    repairs = quantize_static_qdq(src, out, cfg, ranges_path, overrides, exclude, rules)
+    _check_valid(out, src, counted)
     insertion_seconds = time.perf_counter() - started
     if set(algorithms) & set(WEIGHT_TUNING):
         from winml_recipes.quant.algorithms.run import tune_weights
@@ -565,12 +570,21 @@ def _quantize_with(
         if tuned is not None:
             src = tuned
             started = time.perf_counter()
-            quantize_static_qdq(src, out, cfg, ranges_path, overrides, exclude, rules)
+            repairs = quantize_static_qdq(src, out, cfg, ranges_path, overrides, exclude, rules)
+            _check_valid(out, src, counted)
             insertion_seconds += time.perf_counter() - started
     return _Quantized(
         src, ranges_path, overrides, exclude, nonfinite, sentinels, ep_metrics,
-        calibration_seconds, insertion_seconds, record, dict(ranges),
+        calibration_seconds, insertion_seconds, record, dict(ranges), repairs,
     )  # fmt: skip
+
+
+def _check_valid(out: Path, float_src: Path, counted: _Counted) -> None:
+    """onnx's checker and one CPU run of `out` on the first calibration sample: an invalid
+    graph is this step's error, naming the node, before any target runs it."""
+    from winml_recipes.quant.validity import check, first_feed
+
+    check(out, float_src, first_feed(counted.factory))
 
 
 # SeqMSE and bias correction stop tuning layers after this (the rest keep min/max).

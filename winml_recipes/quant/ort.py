@@ -83,11 +83,14 @@ def quantize_static_qdq(
     overrides: dict[str, list[dict[str, Any]]],
     exclude: list[str],
     rules: QuantRules | None = None,
-) -> None:
+) -> list[dict[str, str]]:
     """Static quantization with precomputed ranges (QDQ or QOperator); `rules`: the target
     EP's quantization rules (its arguments for onnxruntime's quantizer and its rewrite of
-    the written model), when the config applies them."""
+    the written model), when the config applies them. Returns what was repaired of
+    onnxruntime's known mistakes in the written graph (quant/validity.py)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_static
+
+    from winml_recipes.quant.validity import repair
 
     args = rules.quantizer_args(src, cfg, overrides, exclude) if rules is not None else None
     if args is None:
@@ -98,7 +101,7 @@ def quantize_static_qdq(
             fixed_overrides(src, overrides, cfg) if overrides else None,
             exclude,
         )
-    with quiet_ort_logging(), _no_endless_sharing():
+    with quiet_ort_logging(), _no_endless_sharing(), _unique_copies():
         quantize_static(
             str(src),
             str(out),
@@ -113,6 +116,7 @@ def quantize_static_qdq(
     _even_out_dead_channels(out)
     if rules is not None:
         rules.after_quantize(out)
+    return repair(out, src) if cfg.format == "qdq" else []
 
 
 def _even_out_dead_channels(path: Path) -> None:
@@ -165,6 +169,39 @@ def _no_endless_sharing() -> Iterator[None]:
         yield
     finally:
         QDQQuantizer._quantize_sharing_param_tensors = original
+
+
+@contextlib.contextmanager
+def _unique_copies() -> Iterator[None]:
+    """onnxruntime's QDQ quantizer (1.31) copies a bias that several Convs share as `b0`,
+    `b1`, ... after the largest number any *initializer* named `b<k>` has, not looking at
+    the graph's other tensors: in tf2onnx graphs a Conv output is often named `b2` (basic
+    pitch's CQT: 17 Convs share one bias), and the copy and that activation then share
+    their quantized names, so the activation's readers get the bias ([TypeInferenceError]
+    Invalid attribute perm {0, 2, 3, 1}, input shape = {36}). The copies are given names
+    no tensor of the graph has."""
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+
+    original = QDQQuantizer._dup_initializer
+
+    def unique(self: Any, initializer: Any) -> Any:
+        graph = self.model.graph()
+        taken = {i for n in graph.node for i in (*n.input, *n.output)}
+        taken |= {t.name for t in graph.initializer} | {v.name for v in graph.input}
+        k = self.model.get_largest_initializer_name_suffix(initializer.name) + 1
+        while f"{initializer.name}{k}" in taken:
+            k += 1
+        copy = type(initializer)()
+        copy.CopyFrom(initializer)
+        copy.name = f"{initializer.name}{k}"
+        self.model.add_initializer(copy)
+        return copy
+
+    QDQQuantizer._dup_initializer = unique
+    try:
+        yield
+    finally:
+        QDQQuantizer._dup_initializer = original
 
 
 def typed_overrides(overrides: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
@@ -231,6 +268,7 @@ def restore_float_inputs(model_path: Path, float_nodes: list[str]) -> int:
     are dropped.
     """
     from winml_recipes.onnx.io import load_model, save_model
+    from winml_recipes.quant.validity import drop_unread_qdq
 
     if not float_nodes:
         return 0
@@ -252,21 +290,6 @@ def restore_float_inputs(model_path: Path, float_nodes: list[str]) -> int:
             if source != name:
                 node.input[k] = source
                 rewired += 1
-    _drop_unread_qdq(graph)
+    drop_unread_qdq(graph)
     save_model(model, model_path)
     return rewired
-
-
-def _drop_unread_qdq(graph) -> None:
-    outputs = {o.name for o in graph.output}
-    while True:
-        read = {i for n in graph.node for i in n.input} | outputs
-        dead = [
-            n
-            for n in graph.node
-            if n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.output[0] not in read
-        ]
-        if not dead:
-            return
-        for n in dead:
-            graph.node.remove(n)

@@ -114,7 +114,7 @@ def choose(
             tried.append(entry | {"error": exc.message[:200]})
             return
         if fallback:
-            entry["cpu_fallback"] = True
+            entry["cpu_fallback"] = fallback
         entry["output_sqnr_db"] = _sqnr(reference, outputs)
         if metric is not None:
             entry["task_metric"] = metric.values(reference, outputs)
@@ -152,19 +152,31 @@ def choose(
     return done, record
 
 
-def _run(candidate: Path, feeds: list[dict], device: str, ep: str) -> tuple[list[dict], bool]:
+def _run(candidate: Path, feeds: list[dict], device: str, ep: str) -> tuple[list[dict], bool | str]:
     """`candidate`'s outputs on the target's EP (the CPU simulation where it is absent), and
     whether nodes fell back to the CPU: on the EP alone first, as verify runs it and as it is
     deployed. With fallback allowed, an NPU EP may leave the graph's input QuantizeLinear and
     output DequantizeLinear to the CPU, whose rounding differs: mtcnn-pnet's box F1 moved
-    by 0.017 between the two, enough to rank the candidates differently."""
+    by 0.017 between the two, enough to rank the candidates differently.
+
+    When the EP cannot load the candidate even with fallback (a graph HTP cannot finalize),
+    the candidates are scored on the CPU EP's simulation (the reason is returned): the
+    target's failure is verify's to diagnose, with its failing region and next step, the
+    same at every precision (it was a bare EP error inside quantize at uint8 only, where
+    the preset scores algorithms on the target)."""
+    from winml_recipes.runtime.sessions import run_model
     from winml_recipes.runtime.target import run_on_target
 
     try:
         return run_on_target(candidate, feeds, device, ep=ep).outputs, False
     except ExecutionProviderError:
+        pass
+    try:
         run = run_on_target(candidate, feeds, device, {"allow_cpu_fallback": True}, ep=ep)
         return run.outputs, True
+    except ExecutionProviderError as exc:
+        why = (exc.message.strip().splitlines() or ["the EP failed"])[0][:200]
+        return run_model(candidate, feeds), f"scored on the CPU EP: {why}"
 
 
 def _sqnr(reference: list[dict], outputs: list[dict]) -> dict[str, float]:

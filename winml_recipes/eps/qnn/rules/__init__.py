@@ -33,8 +33,8 @@ RULES = (
     RULE_FOLD, RULE_IDENTITY, "batchnorm_to_mul_add", "where_of_constants_to_arithmetic",
     "erf_gelu_to_gelu", RULE_TRANSPOSES, "channel_scatter_to_elementwise",
     "constant_scatter_to_arithmetic", "constant_gathernd_to_gather", "merge_constant_chain",
-    "zero_constant_add", "rotate_pairwise_to_gather", "chunk_attention_queries",
-    "waveform_conv_to_polyphase",
+    "zero_constant_add", "infinite_bound_to_identity", "rotate_pairwise_to_gather",
+    "chunk_attention_queries", "waveform_conv_to_polyphase",
     "reduce_unit_axes", "whole_map_average_pool", "reduce_l2_to_sqrt_of_sum",
 )  # fmt: skip
 
@@ -198,6 +198,10 @@ def float_rewrites(max_tensor_elements: int | None = None) -> list[Step]:
         Step(
             r.ZeroConstantAddToIdentity.rule_name,
             _rules(one(r.ZeroConstantAddToIdentity, "Add", "Sub")),
+        ),
+        Step(
+            r.InfiniteBoundToIdentity.rule_name,
+            _rules(one(r.InfiniteBoundToIdentity, "Max", "Min")),
         ),
         Step(r.ReduceUnitAxes.rule_name, _rules(one(r.ReduceUnitAxes, *_REDUCTIONS))),
         Step(r.WholeMapAveragePoolToGlobal.rule_name, _rules(one(r.WholeMapAveragePoolToGlobal))),

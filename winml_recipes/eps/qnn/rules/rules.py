@@ -518,6 +518,41 @@ class ReduceL2ToSqrtOfSum(HtpRule):
         return op.Sqrt(total, _name=node.name, _outputs=[base])
 
 
+class InfiniteBoundToIdentity(HtpRule):
+    """`Max(x, -inf)` / `Min(x, +inf)` (a constant operand of that infinity, no broadcasting
+    growth) -> x, exactly: jax2tf writes the initial value of a max reduction so (magika's
+    softmax: `Max(ReduceMax(x), -inf)`). Quantized, the constant gets an infinite scale (its
+    Dequantize is NaN); kept float, HTP still quantizes it: top-1 agreement 0.125 on HTP
+    against 1.0 on the CPU EP. An Identity named as the node was, as zero_constant_add."""
+
+    rule_name = "infinite_bound_to_identity"
+    log_refusals = False
+
+    def validate(self, node: ir.Node) -> Any:
+        if len(node.inputs) != 2:
+            return "not two operands"
+        bound = -np.inf if node.op_type == "Max" else np.inf
+        for k in (1, 0):
+            values = const(node.inputs[k])
+            if values is None or values.dtype.kind != "f" or not values.size:
+                continue
+            if not (values == bound).all():
+                continue
+            other = node.inputs[1 - k]
+            shape = static_dims(other)
+            const_shape = list(node.inputs[k].shape or [])
+            if shape is None or len(const_shape) > len(shape):
+                return "the constant could broadcast x to a larger shape"
+            for got, c in zip(reversed(shape), reversed(const_shape), strict=False):
+                if c != 1 and got != c:
+                    return "the constant broadcasts x to a larger shape"
+            return other
+        return f"no constant {bound} operand"
+
+    def replace(self, op, node: ir.Node, facts: Any) -> ir.Value:
+        return op.Identity(facts, _name=node.name, _outputs=[_base(node)])
+
+
 class MergeConstantChain(HtpRule):
     """op(op(x, A), B) -> op(x, A (*|+) B) for Mul/Div (product) and Add/Sub (sum) by
     constants, when the inner result has no other reader (what the scatter rewrites leave
