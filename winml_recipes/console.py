@@ -1,8 +1,9 @@
 """Console lines that fit 80 columns: wrapped at spaces, never inside a word or a number.
 
-On a terminal the width is 80 (or the terminal's, when narrower); `COLUMNS` in the
-environment sets it anywhere; output to a pipe or a file without `COLUMNS` is not wrapped
-(scripts and logs read whole lines).
+On a terminal the width is 80 (or the terminal's, when narrower); output to a pipe or a
+file is not wrapped (scripts and logs read whole lines). `WINML_RECIPES_COLUMNS` sets a
+width anywhere (a test standing in for a terminal). Not `COLUMNS`: readline sets it in the
+environment of whatever process loads it, and every child inherits it, pipes included.
 
 A line longer than WIDTH continues on the next lines, indented four columns more than it
 (so a summary's structure still reads); a number stays on the line of its unit ("23 s");
@@ -19,6 +20,7 @@ import textwrap
 from collections.abc import Iterable
 
 WIDTH = 80
+COLUMNS_ENV = "WINML_RECIPES_COLUMNS"
 GLUE = "\xa0"  # textwrap does not break here: a number stays with its unit
 _UNIT = re.compile(r"(\d) (s|ms|MB|GB|kB|B|dB|%|nodes|samples)\b")
 _COMPARED = re.compile(r"(>=|<=|<|>) ([-+]?\d)")  # a gate's comparison stays with its number
@@ -26,7 +28,7 @@ _COMPARED = re.compile(r"(>=|<=|<|>) ([-+]?\d)")  # a gate's comparison stays wi
 
 def console_width() -> int | None:
     """The columns console lines wrap at (None: not wrapped; see the module docstring)."""
-    given = os.environ.get("COLUMNS", "")
+    given = os.environ.get(COLUMNS_ENV, "")
     if given.isdigit() and int(given) >= 20:
         return int(given)
     if sys.stdout.isatty():

@@ -398,6 +398,7 @@ def test_plan_json(proj: Project) -> None:
                 "on_target": True,
                 "require_ep": False,
                 "compare_simulation": True,
+                "locate_divergence": True,
                 "task_decides": False,
             },
         },

@@ -131,7 +131,7 @@ def test_a_target_falls_back_to_the_cpu_simulation_and_says_why(
     ep = verify["execution_provider"]
     assert (ep["key"], ep["available"]) == ("openvino", False)
     assert ep["reason"] == "OpenVINOExecutionProvider registered but offers no device on this host"
-    said = " ".join(done.stdout.split())  # one line, or wrapped where COLUMNS is set
+    said = " ".join(done.stdout.split())  # one line, or wrapped on a terminal
     assert said.count("verified on cpu-simulation") == 1
     assert (
         "verified on cpu-simulation: OpenVINOExecutionProvider is not available here "

@@ -21,7 +21,7 @@ from tests.conftest import MLP_CATALOG, cli_subprocess, make_mlp_onnx
 EMULATED = platform.machine().lower() in {"x86_64", "amd64"}
 NAME = "QNN HTP (emulated on x86_64)" if EMULATED else "QNN HTP"
 LAYERS_ON = {"WINML_RECIPES_REPORT_LAYERS": "1"}
-CONSOLE = {"COLUMNS": "80"}  # an 80-column terminal (a pipe is not wrapped without it)
+CONSOLE = {"WINML_RECIPES_COLUMNS": "80"}  # an 80-column terminal (a pipe is not wrapped without it)
 
 
 def _fits(text: str) -> list[str]:

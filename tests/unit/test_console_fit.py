@@ -1,5 +1,5 @@
 """Console lines wrap at spaces to the console's width, never inside a word or a number,
-and keep their indentation; a pipe without COLUMNS gets whole lines."""
+and keep their indentation; a pipe gets whole lines."""
 
 from __future__ import annotations
 
@@ -26,7 +26,15 @@ def test_a_number_stays_with_its_unit_and_a_long_path_stays_whole() -> None:
 
 
 def test_the_width_comes_from_the_console(monkeypatch) -> None:
-    monkeypatch.setenv("COLUMNS", "60")
+    monkeypatch.setenv("WINML_RECIPES_COLUMNS", "60")
     assert all(len(line) <= 60 for line in fit_all([SUMMARY]))
-    monkeypatch.delenv("COLUMNS")
+    monkeypatch.delenv("WINML_RECIPES_COLUMNS")
     assert fit_all([SUMMARY]) == [SUMMARY]  # a pipe (pytest's stdout): whole lines
+
+
+def test_an_inherited_columns_does_not_wrap_a_pipe(monkeypatch) -> None:
+    """readline exports COLUMNS into its process's environment, which children inherit:
+    output to a pipe stays whole lines all the same (one error line is a contract)."""
+    monkeypatch.delenv("WINML_RECIPES_COLUMNS", raising=False)
+    monkeypatch.setenv("COLUMNS", "80")
+    assert fit_all([SUMMARY]) == [SUMMARY]

@@ -57,8 +57,10 @@ class CharacterAgreement(TaskMetric):
         "line_agreement: the share of whole decoded lines read exactly as float reads them"
     )
     # A line is read right or wrong as a whole: a model that misreads one line in eight
-    # keeps 95 % of its characters, so line_agreement (every line, exactly) gates too.
-    gates = {"character_agreement": DefaultGate(0.9), "line_agreement": DefaultGate(0.95)}
+    # keeps 95 % of its characters, so line_agreement (every line, exactly) gates too, at
+    # 0.9: one misread line in 8 fails, one in 16 (a w8a16 build's rounding on a near-tie)
+    # passes; PaddleOCR's recognizer broken on HTP read 3-4 lines in 8 as float did.
+    gates = {"character_agreement": DefaultGate(0.9), "line_agreement": DefaultGate(0.9)}
 
     def outputs_used(self, contract: IOContract) -> tuple[str, ...] | None:
         # the first output: declared shapes of CTC heads are often wrong (ddddocr declares

@@ -380,15 +380,7 @@ class ZeroConstantAddToIdentity(HtpRule):
             return "no all-zero float constant operand"
         if node.op_type == "Sub" and zero_at == 0:
             return "0 - x is not x"
-        other = node.inputs[1 - zero_at]
-        shape = static_dims(other)
-        const_shape = list(node.inputs[zero_at].shape or [])
-        if shape is None or len(const_shape) > len(shape):
-            return "the constant could broadcast x to a larger shape"
-        for got, c in zip(reversed(shape), reversed(const_shape), strict=False):
-            if c != 1 and got != c:
-                return "the constant broadcasts x to a larger shape"
-        return other
+        return _other_unbroadcast(node, zero_at)
 
     def replace(self, op, node: ir.Node, facts: Any) -> ir.Value:
         return op.Identity(facts, _name=node.name, _outputs=[_base(node)])
@@ -538,15 +530,7 @@ class InfiniteBoundToIdentity(HtpRule):
                 continue
             if not (values == bound).all():
                 continue
-            other = node.inputs[1 - k]
-            shape = static_dims(other)
-            const_shape = list(node.inputs[k].shape or [])
-            if shape is None or len(const_shape) > len(shape):
-                return "the constant could broadcast x to a larger shape"
-            for got, c in zip(reversed(shape), reversed(const_shape), strict=False):
-                if c != 1 and got != c:
-                    return "the constant broadcasts x to a larger shape"
-            return other
+            return _other_unbroadcast(node, k)
         return f"no constant {bound} operand"
 
     def replace(self, op, node: ir.Node, facts: Any) -> ir.Value:
@@ -799,3 +783,17 @@ class RotatePairwiseToGather(HtpRule):
         signs = op.initializer(ir.tensor(sign, name=f"{base}_pair_signs"))
         swapped = op.Gather(x, index, axis=-1, _name=f"{name}_swap", _outputs=[f"{base}_swapped"])
         return op.Mul(swapped, signs, _name=f"{name}_signs", _outputs=[base])
+
+
+def _other_unbroadcast(node: ir.Node, constant_at: int) -> Any:
+    """The operand beside the constant at `constant_at`, when the constant cannot broadcast
+    it to a larger shape (so the node's output is that operand's shape); else why not."""
+    other = node.inputs[1 - constant_at]
+    shape = static_dims(other)
+    const_shape = list(node.inputs[constant_at].shape or [])
+    if shape is None or len(const_shape) > len(shape):
+        return "the constant could broadcast x to a larger shape"
+    for got, c in zip(reversed(shape), reversed(const_shape), strict=False):
+        if c != 1 and got != c:
+            return "the constant broadcasts x to a larger shape"
+    return other
