@@ -12,7 +12,7 @@ from winml_recipes.sdk.contract import IOContract
 from winml_recipes.sdk.errors import PlanError, WinmlError
 from winml_recipes.sdk.passes import Pass, describe_support, get_pass, pass_making
 from winml_recipes.sdk.target import Target
-from winml_recipes.sdk.types import DataRead, ModelFacts, PlanContext, Source
+from winml_recipes.sdk.types import ModelFacts, PlanContext, Source
 
 # The standalone command (cli.py) that rewrites a quantized file into float; a command, not
 # a pass: the passes a hint names come from what they declare (`Pass.makes`).
@@ -178,8 +178,8 @@ def _plan_component(
         from winml_recipes.feeds import check_disjoint
 
         check_disjoint(reads, contract, recipe.path.parent, cname, str(recipe.path))
-        if any(s.name == "fix_shapes" and s.skip is None for s in plan.steps):
-            _check_fixed_sizes(reads, contract, recipe, cname)
+        if any(s.impl.pins_shapes and s.skip is None for s in plan.steps):
+            _check_fixed_sizes(plan, contract, recipe, cname)
     mismatch = _precision_mismatch(facts, target)
     if mismatch:
         raise PlanError(f"{cname}: {mismatch}", where=str(recipe.path))
@@ -193,26 +193,29 @@ def _plan_component(
 
 
 def _check_fixed_sizes(
-    reads: list[DataRead], contract: IOContract, recipe: Recipe, cname: str
+    plan: ComponentPlan, contract: IOContract, recipe: Recipe, cname: str
 ) -> None:
-    """npz data of a component whose shapes `fix_shapes` pins: every array at the size the
-    model is built at (the catalog's and recipe's dims), checked before the first step.
-    Without this a wrong height passed the plan (a dim left free) and failed at verify,
-    after every step had run."""
-    from winml_recipes.feeds import CALIBRATION_NPZ, check_npz, npz_files
+    """npz data of a component whose shapes a step pins (`Pass.pins_shapes`): every array
+    at the size the model is built at (the catalog's and recipe's dims), checked before the
+    first step. Without this a wrong height passed the plan (a dim left free) and failed at
+    verify, after every step had run."""
+    from winml_recipes.feeds import check_npz, npz_files
 
-    for read in reads:
-        if "npz" not in read.source:
+    for step in plan.steps:
+        if step.skip is not None:
             continue
-        what = "verify.npz" if read.role == "held_out" else CALIBRATION_NPZ
-        files = npz_files(read.source["npz"], recipe.path.parent, what)
-        try:
-            check_npz(files, contract, what, exact_dims=True)
-        except WinmlError as exc:
-            raise PlanError(
-                f"{cname}: {exc.message} (the build fixes the model's shapes to these dims)",
-                where=str(recipe.path),
-            ) from None
+        for read in step.impl.data_reads(step.config):
+            if "npz" not in read.source:
+                continue
+            what = f"{step.name} npz"
+            files = npz_files(read.source["npz"], recipe.path.parent, what)
+            try:
+                check_npz(files, contract, what, exact_dims=True)
+            except WinmlError as exc:
+                raise PlanError(
+                    f"{cname}: {exc.message} (the build fixes the model's shapes to these dims)",
+                    where=str(recipe.path),
+                ) from None
 
 
 def _complete_from_later_steps(plan: ComponentPlan, recipe: Recipe) -> None:

@@ -29,6 +29,7 @@ class FixShapesPass(RewritesGraph, Pass[FixShapesConfig]):
     summary = "Make dynamic dims static (values from the catalog dims, overridable here)."
     target_dependent = False
     uses_contract = True
+    pins_shapes = True
 
     def skip_reason(self, facts: ModelFacts, config: FixShapesConfig, target: Target) -> str | None:
         if facts.dynamic_dims == ():

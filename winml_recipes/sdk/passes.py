@@ -70,6 +70,9 @@ class Pass(ABC, Generic[ConfigT]):
     # including such a step (when it runs) come before any component's later steps, so
     # what it checks fails the build before any expensive step (calibration) starts.
     fail_fast: ClassVar[bool] = False
+    # The pass makes the model's shapes static at the contract's dims: the planner then
+    # checks the steps' npz data at exactly that size before anything runs.
+    pins_shapes: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
