@@ -84,14 +84,20 @@ def _cases(names, failing: dict, fast) -> list:
 
 
 ENTRIES = {**models.CORPUS, **models.HF}
+
+
+def _in_ci(name: str, precision: str) -> bool:
+    """The fast entries; of the Hugging Face ones w8a16 only (their uint8 builds through
+    `init` are test_htp_finalize's), to keep the suite's wall time in check."""
+    return ENTRIES[name].fast and not (name.startswith("hf-") and precision == "uint8")
+
+
 # Models also held to plain quantize_static's task metric (issue 35's tf2onnx graphs); the
 # others have not been measured against it yet.
 STATIC_COMPARED = {"magika", "basic-pitch"}
 
 
-@pytest.mark.parametrize(
-    ("name", "precision"), _cases(ENTRIES, FAILING, lambda n, _: ENTRIES[n].fast)
-)
+@pytest.mark.parametrize(("name", "precision"), _cases(ENTRIES, FAILING, _in_ci))
 def test_task_metric_on_htp_at_least_onnxruntime_recipe(
     name: str, precision: str, tmp_path: Path
 ) -> None:
