@@ -5,9 +5,6 @@ folder ships. Used by tests/integration/test_text_families.py and bench/text_fam
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -124,21 +121,9 @@ ARCHITECTURES: dict[str, Callable[[], tuple[Any, dict | None]]] = {
 
 def saved(arch: str, root: Path) -> Path:
     """A `save_pretrained` folder of the tiny `arch` (seed 0) under `root`, made once."""
-    folder = root / f"{arch}-v{VERSION}"
-    if (folder / "config.json").is_file():
-        return folder
-    import torch
+    from tests.corpus.hf import save_once
 
-    torch.manual_seed(0)
-    model, preprocessor = ARCHITECTURES[arch]()
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.eval().save_pretrained(tmp)
-    if preprocessor is not None:
-        (tmp / "preprocessor_config.json").write_text(json.dumps(preprocessor))
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(tmp, folder)
-    return folder
+    return save_once(root / f"{arch}-v{VERSION}", ARCHITECTURES[arch])
 
 
 # --------------------------------------------------------------------------- zero-shot

@@ -9,6 +9,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tests.corpus import fetch
 
@@ -106,12 +107,18 @@ ARCHITECTURES: dict[str, Callable] = {
 def saved(arch: str, root: Path | None = None) -> Path:
     """A `save_pretrained` folder of the tiny `arch` (seed 0), made once in the corpus cache."""
     folder = (root or fetch.corpus_dir()) / "hf" / f"{arch}-v{HF_VERSION}"
+    return save_once(folder, ARCHITECTURES[arch])
+
+
+def save_once(folder: Path, make: Callable[[], tuple[Any, dict | None]]) -> Path:
+    """`folder` as a `save_pretrained` folder of `make()`'s model (seed 0) and its
+    preprocessor config, written once: built in a temporary folder, then renamed."""
     if (folder / "config.json").is_file():
         return folder
     import torch
 
     torch.manual_seed(0)
-    model, preprocessor = ARCHITECTURES[arch]()
+    model, preprocessor = make()
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.eval().save_pretrained(tmp)
