@@ -1,6 +1,11 @@
 """report.html: one self-contained page per build (inline CSS and SVG, images as data:
 URIs, a Content-Security-Policy that forbids every load from the network, no scripts).
 
+A manifest is untrusted input (a build folder travels): every piece of HTML is made by
+`safehtml.h` (autoescaping: no manifest value adds markup). The CSP allows only the page's
+own <style> (by its sha256), so markup that got in anyway could neither restyle the page
+nor load anything.
+
 It holds the verdicts and task metrics, per-output metrics, a per-layer SQNR plot (target
 and CPU simulation vs float, with the layers where the target departs from the simulation
 marked: what verify recorded, passes/verify_layers.py), the picture of the last
@@ -13,7 +18,7 @@ failed. Written at the end of every build; `winml-recipes report` rewrites it.
 from __future__ import annotations
 
 import base64
-import html
+import hashlib
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,10 +27,12 @@ from typing import Any
 from winml_recipes.buildfolder import BuildFolder, open_build
 from winml_recipes.passes.verify_layers import LAYERS_ENV, LAYERS_MAX_MB, QUANTIZED
 from winml_recipes.report_svg import layer_plot
+from winml_recipes.safehtml import Markup
+from winml_recipes.safehtml import h as _h
+from winml_recipes.safehtml import join as _join
 from winml_recipes.sdk.ep import ran_on_name
 
 REPORT = "report.html"
-CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; form-action 'none'"
 ADHOC = "winml-adhoc-"  # the folder `build --onnx` generates its recipe in (api.build_onnx)
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#1b1b1b;max-width:1400px}
@@ -41,27 +48,45 @@ th{background:#f4f4f4} td:has(>span.num){text-align:right}
 img.run{max-width:100%;border:1px solid #ddd} svg{background:#fff;border:1px solid #ddd}
 code{background:#f4f4f4;padding:0 3px}
 """
-
-
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+_STYLE_HASH = base64.b64encode(hashlib.sha256(CSS.encode("utf-8")).digest()).decode("ascii")
+CSP = (
+    f"default-src 'none'; img-src data:; style-src 'sha256-{_STYLE_HASH}'; "
+    "base-uri 'none'; form-action 'none'"
+)
 
 
 def _num(value: Any, digits: str = ".4g") -> str:
-    return f"{value:{digits}}" if isinstance(value, int | float) else _e(value)
+    """A number in `digits` format; anything else as text (escaped where it is used)."""
+    return f"{value:{digits}}" if isinstance(value, int | float) else str(value)
 
 
-def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Cells are HTML already (escape what comes from data before)."""
-    th = "".join(f"<th>{_e(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><tr>{th}</tr>{body}</table>"
+def _n(value: Any, digits: str = ".4g") -> Markup:
+    """A number cell's content (right-aligned by the page's style)."""
+    return _h('<span class="num">{}</span>', _num(value, digits))
 
 
-def _verdict(passed: bool | None) -> str:
+def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> Markup:
+    """Cells are fragments or plain values (escaped)."""
+    th = _join(_h("<th>{}</th>", h) for h in head)
+    body = _join(_h("<tr>{}</tr>", _join(_h("<td>{}</td>", c) for c in row)) for row in rows)
+    return _h("<table><tr>{}</tr>{}</table>", th, body)
+
+
+def _verdict(passed: bool | None) -> Markup:
     if passed is None:
-        return '<span class="note">not gated</span>'
-    return '<span class="pass">pass</span>' if passed else '<span class="fail">FAIL</span>'
+        return _h('<span class="note">not gated</span>')
+    return _h('<span class="pass">pass</span>' if passed else '<span class="fail">FAIL</span>')
+
+
+def _passed(metrics: dict[str, Any]) -> bool | None:
+    """A component's verdict as its rows show it: the recorded verdict, and a FAIL for any
+    deciding (not advisory) gate row that failed: a manifest cannot call a component passed
+    beside a failed gate."""
+    passed = metrics.get("passed")
+    if passed is None:
+        return None
+    gates = metrics.get("gates") or []
+    return passed is True and all(g.get("passed") is True or g.get("advisory") for g in gates)
 
 
 def _step(record: dict[str, Any], name: str) -> dict[str, Any] | None:
@@ -70,33 +95,36 @@ def _step(record: dict[str, Any], name: str) -> dict[str, Any] | None:
     )
 
 
-def _verify_section(build: BuildFolder) -> str:
+def _verify_section(build: BuildFolder) -> Markup:
     parts = []
     for name, record in build.manifest["components"].items():
         verify = _step(record, "verify")
-        parts.append(f"<h3>{_e(name)}</h3>")
+        parts.append(_h("<h3>{}</h3>", name))
         if verify is None:
             skipped = next((s for s in record["steps"] if s["pass"] == "verify"), None)
             why = skipped.get("reason", "no verify step") if skipped else "no verify step"
-            parts.append(f'<p class="note">not verified: {_e(why)}</p>')
+            parts.append(_h('<p class="note">not verified: {}</p>', why))
             continue
         m = verify["metrics"]
         where = ran_on_name(m) if m.get("verified_on") else "?"
         parts.append(
-            f"<p>verified on <b>{_e(where)}</b> with {_e(m.get('data_source', '?'))} "
-            f"({_e(m.get('samples', '?'))} samples): {_verdict(m.get('passed'))}</p>"
-        )
+            _h(
+                "<p>verified on <b>{}</b> with {} ({} samples): {}</p>",
+                where, m.get("data_source", "?"), m.get("samples", "?"), _verdict(_passed(m)),
+            )
+        )  # fmt: skip
         task = m.get("task_metric")
         if task:
-            values = ", ".join(f"{_e(k)} {_num(v)}" for k, v in task.get("values", {}).items())
-            parts.append(f"<p>{_e(task.get('task'))} ({_e(task.get('metric'))}): {values}</p>")
+            values = _join(
+                (_h("{} {}", k, _num(v)) for k, v in task.get("values", {}).items()), ", "
+            )
+            parts.append(_h("<p>{} ({}): {}</p>", task.get("task"), task.get("metric"), values))
         gates = m.get("gates", [])
         if gates:
             rows = [
-                [_e(g["output"]), _e(g["metric"]), f'<span class="num">{_num(g["value"])}</span>',
-                 f'{_e(g["comparison"])} {_num(g["threshold"])}',
-                 f'<span class="num">{_num(g["margin"], "+.3g")}</span>',
-                 _verdict(g["passed"])]
+                [g["output"], g["metric"], _n(g["value"]),
+                 _h("{} {}", g["comparison"], _num(g["threshold"])),
+                 _n(g["margin"], "+.3g"), _verdict(g["passed"])]
                 for g in gates
             ]  # fmt: skip
             parts.append(_table(["output", "metric", "value", "gate", "margin", "verdict"], rows))
@@ -105,12 +133,9 @@ def _verify_section(build: BuildFolder) -> str:
         for out, om in m.get("outputs", {}).items():
             s = sim.get(out, {})
             rows.append(
-                [_e(out)]
-                + [
-                    f'<span class="num">{_num(om.get(k))}</span>'
-                    for k in ("sqnr_db", "cosine", "max_abs", "mean_abs")
-                ]
-                + [f'<span class="num">{_num(s.get("sqnr_db", "-"))}</span>']
+                [out]
+                + [_n(om.get(k)) for k in ("sqnr_db", "cosine", "max_abs", "mean_abs")]
+                + [_n(s.get("sqnr_db", "-"))]
             )
         if rows:
             parts.append(
@@ -126,12 +151,12 @@ def _verify_section(build: BuildFolder) -> str:
                     rows,
                 )
             )
-    return "".join(parts)
+    return _join(parts)
 
 
 def _overall(build: BuildFolder) -> bool | None:
     verdicts = [
-        v["metrics"].get("passed")
+        _passed(v["metrics"])
         for r in build.manifest["components"].values()
         if (v := _step(r, "verify")) is not None and "passed" in v["metrics"]
     ]
@@ -175,42 +200,44 @@ def _layers_section(
     layers: bool | None,
     blocked: str | None,
     say: Callable[[str], None] | None,
-) -> str:
+) -> Markup:
     """The per-layer plot: from what verify recorded (no run here); computed on request
     (`layers=True`) where verify recorded nothing and the target may run (`blocked`)."""
     if build.precision not in QUANTIZED and layers is None:
-        return (
-            f'<p class="note">Not computed: a {_e(build.precision)} build has no quantized '
-            f"activations to compare.</p>"
+        return _h(
+            '<p class="note">Not computed: a {} build has no quantized activations to compare.</p>',
+            build.precision,
         )
     recorded = {c.name: _recorded_layers(build, c.name) for c in build.components}
     if layers is False:
-        return '<p class="note">Not shown: turned off (--no-layers).</p>'
-    cmd = f"<code>winml-recipes report {_e(build.folder)} --layers</code>"
+        return _h('<p class="note">Not shown: turned off (--no-layers).</p>')
+    cmd = _h("<code>winml-recipes report {} --layers</code>", build.folder)
     if not any(recorded.values()) and not layers:
         why = _not_recorded_why(build)
-        extra = "" if build.failed else f" To compute it (another run on the target): {cmd}."
-        return f'<p class="note">Not recorded: {_e(why)}.{extra}</p>'
+        extra = _h(" To compute it (another run on the target): {}.", cmd)
+        return _h('<p class="note">Not recorded: {}.{}</p>', why, "" if build.failed else extra)
     parts = [
-        '<p class="note">Each quantized activation of the model on the target and on the '
-        "CPU EP's simulation of Q/DQ, against the float model's tensor, in graph order, on "
-        "one sample (said under each plot). Red marks: layers where the target departs from "
-        "the simulation (below the threshold against it and 3 dB or more further from "
-        "float).</p>"
+        _h(
+            '<p class="note">Each quantized activation of the model on the target and on the '
+            "CPU EP's simulation of Q/DQ, against the float model's tensor, in graph order, on "
+            "one sample (said under each plot). Red marks: layers where the target departs from "
+            "the simulation (below the threshold against it and 3 dB or more further from "
+            "float).</p>"
+        )
     ]
     for comp in build.components:
-        parts.append(f"<h3>{_e(comp.name)}</h3>")
+        parts.append(_h("<h3>{}</h3>", comp.name))
         data = recorded.get(comp.name)
         if data is None and layers:
             data = _compute_layers(build, comp, blocked, say)
         if data is None:
-            parts.append('<p class="note">not recorded by verify</p>')
+            parts.append(_h('<p class="note">not recorded by verify</p>'))
             continue
         if data.get("error"):
-            parts.append(f'<p class="note">not computed: {_e(data["error"])}</p>')
+            parts.append(_h('<p class="note">not computed: {}</p>', data["error"]))
             continue
         parts.append(_layer_plot_and_table(build, comp.name, data))
-    return "".join(parts)
+    return _join(parts)
 
 
 def _compute_layers(
@@ -240,7 +267,7 @@ def _compute_layers(
     return data
 
 
-def _layer_plot_and_table(build: BuildFolder, name: str, data: dict[str, Any]) -> str:
+def _layer_plot_and_table(build: BuildFolder, name: str, data: dict[str, Any]) -> Markup:
     from winml_recipes.passes.verify_layers import rows_of
     from winml_recipes.quant.divergence import TensorRow, first_divergence
     from winml_recipes.sdk.ep import shown_name
@@ -251,7 +278,7 @@ def _layer_plot_and_table(build: BuildFolder, name: str, data: dict[str, Any]) -
         for r in rows_of(data)
     ]  # fmt: skip
     if not rows:
-        return '<p class="note">no quantized activations to compare</p>'
+        return _h('<p class="note">no quantized activations to compare</p>')
     threshold = float(data.get("threshold_db") or 30.0)
     departed = [i for i, r in enumerate(rows) if first_divergence([r], threshold) is not None]
     series = [
@@ -262,16 +289,18 @@ def _layer_plot_and_table(build: BuildFolder, name: str, data: dict[str, Any]) -
     where = ran_on_name(verify.get("metrics") or {}) if verify else shown_name(build.ep_key)
     out = [layer_plot(name, series, where, flagged=departed)]
     source = data.get("source") or _sample_words(build, name)
-    out.append(f'<p class="note">sample: {_e(source)}</p>')
+    out.append(_h('<p class="note">sample: {}</p>', source))
     if departed:
         first = rows[departed[0]]
         out.append(
-            f'<p class="fail">{len(departed)} layer(s) where the target departs from the '
-            f"simulation; the first: {_e(first.tensor)} ({_e(first.op_type)}) "
-            f"{first.target_vs_float_db:.1f} dB on the target vs "
-            f"{first.simulation_vs_float_db:.1f} dB simulated. Where and why: "
-            f"<code>winml-recipes compare {_e(build.folder)} --component {_e(name)}</code></p>"
-        )
+            _h(
+                '<p class="fail">{} layer(s) where the target departs from the simulation; '
+                "the first: {} ({}) {:.1f} dB on the target vs {:.1f} dB simulated. Where and "
+                "why: <code>winml-recipes compare {} --component {}</code></p>",
+                len(departed), first.tensor, first.op_type, first.target_vs_float_db,
+                first.simulation_vs_float_db, build.folder, name,
+            )
+        )  # fmt: skip
     worst = sorted(rows, key=lambda r: r.target_vs_float_db)[:8]
     flagged = {rows[i].tensor for i in departed}
     out.append(
@@ -285,17 +314,17 @@ def _layer_plot_and_table(build: BuildFolder, name: str, data: dict[str, Any]) -
             ],
             [
                 [
-                    _e(r.tensor),
-                    _e(r.op_type),
-                    f'<span class="num">{_num(r.target_vs_float_db, ".1f")}</span>',
-                    f'<span class="num">{_num(r.simulation_vs_float_db, ".1f")}</span>',
-                    '<span class="fail">yes</span>' if r.tensor in flagged else "no",
+                    r.tensor,
+                    r.op_type,
+                    _n(r.target_vs_float_db, ".1f"),
+                    _n(r.simulation_vs_float_db, ".1f"),
+                    _h('<span class="fail">yes</span>') if r.tensor in flagged else "no",
                 ]
                 for r in worst
             ],
         )
     )
-    return "".join(out)
+    return _join(out)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -303,7 +332,7 @@ def _first_line(exc: BaseException) -> str:
     return (text.splitlines() or [type(exc).__name__])[0][:300]
 
 
-def _picture_section(build: BuildFolder) -> str:
+def _picture_section(build: BuildFolder) -> Markup:
     """The picture `winml-recipes run` drew into BUILD/run (reused: the report runs
     nothing); else one line on how to make it and what that costs."""
     import json
@@ -311,31 +340,32 @@ def _picture_section(build: BuildFolder) -> str:
     from winml_recipes.runcost import run_cost
 
     if build.image_input() is None:
-        return '<p class="note">not an image model: no picture</p>'
-    cmd = f"<code>winml-recipes run {_e(build.folder)}</code>"
+        return _h('<p class="note">not an image model: no picture</p>')
+    cmd = _h("<code>winml-recipes run {}</code>", build.folder)
     summary_path = build.folder / "run" / "summary.json"
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
         png = (summary_path.parent / Path(summary["picture"]).name).read_bytes()
     except (OSError, ValueError, KeyError, TypeError):
         if build.failed:
-            return '<p class="note">not made: the build failed</p>'
+            return _h('<p class="note">not made: the build failed</p>')
         cost = run_cost(build)
         about = f" (about {cost.seconds:.0f} s on the target here)" if cost.seconds else ""
-        return (
-            f'<p class="note">not made during the build (the report runs nothing on the '
-            f"target): {cmd} makes it{_e(about)}, then <code>winml-recipes report "
-            f"{_e(build.folder)}</code> shows it here.</p>"
-        )
+        return _h(
+            '<p class="note">not made during the build (the report runs nothing on the '
+            "target): {} makes it{}, then <code>winml-recipes report {}</code> shows it "
+            "here.</p>",
+            cmd, about, build.folder,
+        )  # fmt: skip
     photo = Path(summary.get("image") or "photo").name
-    notes = "".join(f"<li>{_e(n)}</li>" for n in summary.get("notes", []))
+    notes = _join(_h("<li>{}</li>", n) for n in summary.get("notes", []))
     data = base64.b64encode(png).decode("ascii")
-    return (
-        f"<p>The last <code>winml-recipes run</code> of this build, on <code>{_e(photo)}"
-        f"</code>: the float models on the CPU EP and the build on its target.</p>"
-        + (f"<ul class='note'>{notes}</ul>" if notes else "")
-        + f'<img class="run" alt="run on {_e(photo)}" src="data:image/png;base64,{data}">'
-    )
+    return _h(
+        "<p>The last <code>winml-recipes run</code> of this build, on <code>{photo}</code>: "
+        "the float models on the CPU EP and the build on its target.</p>{notes}"
+        '<img class="run" alt="run on {photo}" src="data:image/png;base64,{data}">',
+        photo=photo, data=data, notes=_h("<ul class='note'>{}</ul>", notes) if notes else "",
+    )  # fmt: skip
 
 
 NO_PLACEMENT = (
@@ -344,52 +374,54 @@ NO_PLACEMENT = (
 )
 
 
-def _placement_section(build: BuildFolder) -> str:
+def _placement_section(build: BuildFolder) -> Markup:
     rows, recorded = [], False
     for name, record in build.manifest["components"].items():
         verify = _step(record, "verify")
         placement = (verify or {}).get("metrics", {}).get("placement")
         recorded = recorded or bool(placement)
         if not placement:
-            missing = '<span class="note">not recorded (verify did not run it on the target)</span>'
-            rows.append([_e(name), missing, "-", "-"])
+            missing = _h(
+                '<span class="note">not recorded (verify did not run it on the target)</span>'
+            )
+            rows.append([name, missing, "-", "-"])
             continue
-        nodes = ", ".join(f"{_e(k)}: {v}" for k, v in placement.get("nodes", {}).items())
-        parts = ", ".join(f"{_e(k)}: {v}" for k, v in placement.get("partitions", {}).items())
+        nodes = ", ".join(f"{k}: {v}" for k, v in placement.get("nodes", {}).items())
+        parts = ", ".join(f"{k}: {v}" for k, v in placement.get("partitions", {}).items())
         fallback = ", ".join(
-            f"{_e(n['name'])} ({_e(n['op_type'])})" for n in placement.get("fallback_nodes", [])
+            f"{n['name']} ({n['op_type']})" for n in placement.get("fallback_nodes", [])
         )
-        rows.append([_e(name), nodes, parts, fallback or "none"])
+        rows.append([name, nodes, parts, fallback or "none"])  # plain text: escaped in cells
     if not recorded:
-        return f'<p class="note">{_e(NO_PLACEMENT)}</p>'
+        return _h('<p class="note">{}</p>', NO_PLACEMENT)
     return _table(["component", "nodes per EP", "partitions", "fallback nodes"], rows)
 
 
-def _steps_section(build: BuildFolder) -> str:
+def _steps_section(build: BuildFolder) -> Markup:
     rows = []
     for name, record in build.manifest["components"].items():
         for s in record["steps"]:
             status = s["status"] + (f": {s['reason']}" if s.get("reason") else "")
             rows.append(
                 [
-                    _e(name),
-                    _e(s["pass"]),
-                    _e(status),
-                    f'<span class="num">{_num(s.get("wall_seconds", ""), ".2f")}</span>',
-                    f'<span class="num">{_num(s.get("peak_rss_mb", ""), ".0f")}</span>',
-                    f'<span class="num">{_num(s.get("memory_estimate_mb", ""), ".0f")}</span>',
+                    name,
+                    s["pass"],
+                    status,
+                    _n(s.get("wall_seconds", ""), ".2f"),
+                    _n(s.get("peak_rss_mb", ""), ".0f"),
+                    _n(s.get("memory_estimate_mb", ""), ".0f"),
                 ]
             )
     wall = build.manifest.get("wall_seconds")
-    head = f"<p>build wall time {_num(wall, '.1f')} s</p>" if wall is not None else ""
+    head = _h("<p>build wall time {} s</p>", _num(wall, ".1f")) if wall is not None else ""
     return head + _table(
         ["component", "step", "status", "seconds", "peak RSS MB", "estimate MB"], rows
     )
 
 
-def _versions_section(build: BuildFolder) -> str:
+def _versions_section(build: BuildFolder) -> Markup:
     m = build.manifest
-    rows = [[_e(k), _e(v)] for k, v in m.get("versions", {}).items()]
+    rows = [[k, v] for k, v in m.get("versions", {}).items()]
     seen = set()
     for record in m["components"].values():
         for s in record["steps"]:
@@ -399,20 +431,20 @@ def _versions_section(build: BuildFolder) -> str:
             for k, v in (ep.get("versions") or {}).items():
                 if k not in seen and k not in m.get("versions", {}):
                     seen.add(k)
-                    rows.append([_e(k), _e(v)])
-    rows.append(["recipe sha256", _e(m["recipe"]["sha256"])])
+                    rows.append([k, v])
+    rows.append(["recipe sha256", m["recipe"]["sha256"]])
     return _table(["component", "version"], rows)
 
 
-def _artifacts_section(build: BuildFolder) -> str:
+def _artifacts_section(build: BuildFolder) -> Markup:
     rows = []
     for name, record in build.manifest["components"].items():
         for f in record["artifact"]["files"]:
             rows.append(
                 [
-                    _e(name),
-                    f"<code>{_e(f['path'])}</code>",
-                    f'<span class="num">{_e(size_text(f["size_bytes"]))}</span>',
+                    name,
+                    _h("<code>{}</code>", f["path"]),
+                    _h('<span class="num">{}</span>', size_text(f["size_bytes"])),
                 ]
             )
     return _table(["component", "file", "size"], rows) + _split_section(build)
@@ -430,7 +462,7 @@ def size_text(size_bytes: int) -> str:
     return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
 
 
-def _split_section(build: BuildFolder) -> str:
+def _split_section(build: BuildFolder) -> Markup:
     """Components compiled in parts: one row per part (one EPContext node each)."""
     rows = []
     for name, record in build.manifest["components"].items():
@@ -441,48 +473,48 @@ def _split_section(build: BuildFolder) -> str:
             for p in split.get("parts") or []:
                 rows.append(
                     [
-                        _e(name),
-                        _e(p.get("index")),
-                        f'<span class="num">{_e(p.get("nodes"))}</span>',
-                        _e(", ".join(p.get("inputs") or [])),
-                        _e(", ".join(p.get("outputs") or [])),
-                        f'<span class="num">{_num(p.get("estimate_mb", ""), ".0f")}</span>',
-                        f"<code>{_e(', '.join(p.get('binaries') or []))}</code>",
+                        name,
+                        p.get("index"),
+                        _h('<span class="num">{}</span>', p.get("nodes")),
+                        ", ".join(p.get("inputs") or []),
+                        ", ".join(p.get("outputs") or []),
+                        _n(p.get("estimate_mb", ""), ".0f"),
+                        _h("<code>{}</code>", ", ".join(p.get("binaries") or [])),
                     ]
                 )
     if not rows:
-        return ""
-    head = "<p>compiled in parts: model_ctx.onnx holds one EPContext node per part</p>"
+        return _h("")
+    head = _h("<p>compiled in parts: model_ctx.onnx holds one EPContext node per part</p>")
     return head + _table(
         ["component", "part", "nodes", "inputs", "outputs", "estimate MB", "binary"], rows
     )
 
 
-def _recipe_words(build: BuildFolder) -> str:
+def _recipe_words(build: BuildFolder) -> Markup:
     """The recipe as the user gave it: its path, or for `build --onnx` (whose recipe was
     generated into a folder deleted after the build) the model file it was built from."""
     m = build.manifest
     path = m["recipe"]["path"]
     if ADHOC not in Path(path).parent.parent.name:
-        return f"recipe <code>{_e(path)}</code>"
+        return _h("recipe <code>{}</code>", path)
     sources = [
         str((c.get("source") or {}).get("path") or (c.get("source") or {}).get("ref") or "")
         for c in m["components"].values()
     ]
-    shown = ", ".join(s for s in sources if s) or _e(m.get("model"))
-    return f"built with <code>winml-recipes build --onnx {_e(shown)}</code>"
+    shown = ", ".join(s for s in sources if s) or str(m.get("model"))
+    return _h("built with <code>winml-recipes build --onnx {}</code>", shown)
 
 
-def _failure_lead(build: BuildFolder) -> str:
+def _failure_lead(build: BuildFolder) -> Markup:
     """A failed build's page starts with what failed: the step, the error, the evidence."""
     m = build.manifest
     step = m.get("failing_step") or "a step"
-    return (
-        f'<p><span class="verdict fail">build FAILED at {_e(step)}</span></p>'
-        f'<p class="fail">{_e(m.get("error") or "no error recorded")}</p>'
-        f'<p class="note">This folder holds the evidence of the failed build (what ran up '
-        f"to the failing step); nothing in it is deployable.</p>"
-    )
+    return _h(
+        '<p><span class="verdict fail">build FAILED at {}</span></p><p class="fail">{}</p>'
+        '<p class="note">This folder holds the evidence of the failed build (what ran up '
+        "to the failing step); nothing in it is deployable.</p>",
+        step, m.get("error") or "no error recorded",
+    )  # fmt: skip
 
 
 def render(
@@ -516,7 +548,7 @@ def render(
         else:
             verdict = "every gate passed" if overall else "a gate FAILED"
         css = "none" if overall is None else ("pass" if overall else "fail")
-        lead = f'<p><span class="verdict {css}">{_e(verdict)}</span></p>'
+        lead = _h('<p><span class="verdict {}">{}</span></p>', css, verdict)
     m = build.manifest
     sections = [
         ("Verdicts and metrics", _verify_section(build)),
@@ -527,17 +559,18 @@ def render(
         ("Files", _artifacts_section(build)),
         ("Versions", _versions_section(build)),
     ]
-    body = "".join(f"<h2>{_e(title)}</h2>{content}" for title, content in sections)
-    return (
+    body = _join(_h("<h2>{}</h2>{}", title, content) for title, content in sections)
+    page = _h(
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
-        f"<title>{_e(build.label)}: winml-recipes build report</title>"
-        f"<style>{CSS}</style></head><body>"
-        f"<h1>{_e(build.label)}</h1>"
-        f"<p class='note'>model {_e(m.get('model'))}, task {_e(build.task)}, "
-        f"{_recipe_words(build)}, {_e(m['tool']['name'])} {_e(m['tool']['version'])}</p>"
-        f"{lead}{body}</body></html>\n"
-    )
+        '<meta http-equiv="Content-Security-Policy" content="{csp}">'
+        "<title>{label}: winml-recipes build report</title><style>{css}</style></head><body>"
+        "<h1>{label}</h1><p class='note'>model {model}, task {task}, {recipe}, {tool} "
+        "{version}</p>{lead}{body}</body></html>\n",
+        csp=Markup(CSP), label=build.label, css=Markup(CSS), model=m.get("model"), task=build.task,
+        recipe=_recipe_words(build), tool=m["tool"]["name"], version=m["tool"]["version"],
+        lead=lead, body=body,
+    )  # fmt: skip
+    return str(page)
 
 
 def write_report(

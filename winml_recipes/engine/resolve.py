@@ -8,9 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from winml_recipes.catalog import CatalogEntry, Component
+from winml_recipes.exporters import ENTRY_POINT_GROUP as EXPORTERS
 from winml_recipes.exporters import families
 from winml_recipes.modelfolder import check_config_file, check_folder, refuse_auto_map
 from winml_recipes.sdk.errors import SourceError
+from winml_recipes.sdk.plugins import check_available
 from winml_recipes.sdk.types import ModelFacts, Source
 from winml_recipes.sources import CatalogName, HfModelId, HubOnnx, LocalHfDir, LocalOnnx, classify
 from winml_recipes.untrusted import UntrustedInputError
@@ -130,6 +132,8 @@ def _family(entry: CatalogEntry, where: str) -> str:
             f"exporting needs 'family' in the catalog entry ({', '.join(families())})",
             where=where,
         )
+    if entry.family not in families():
+        check_available(EXPORTERS, entry.family, "exporter family")
     return entry.family
 
 

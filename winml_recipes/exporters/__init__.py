@@ -31,7 +31,7 @@ import onnx
 
 from winml_recipes.modelfolder import TRUST_REMOTE_CODE, check_folder, refuse_auto_map
 from winml_recipes.sdk.errors import InternalError, PlanError, SourceError
-from winml_recipes.sdk.plugins import load_entry_points
+from winml_recipes.sdk.plugins import check_available, load_entry_points
 from winml_recipes.untrusted import UntrustedInputError
 
 __all__ = [
@@ -87,13 +87,11 @@ class ExporterFamily:
 def families() -> dict[str, ExporterFamily]:
     """Every exporter family, from the `winml_recipes.exporters` entry points, by name."""
     found = load_entry_points(
-        ENTRY_POINT_GROUP, lambda obj: isinstance(obj, ExporterFamily), "an ExporterFamily"
+        ENTRY_POINT_GROUP,
+        lambda obj: isinstance(obj, ExporterFamily),
+        "an ExporterFamily",
+        named=lambda family: family.name,
     )
-    for name, family in found.items():
-        if family.name != name:
-            raise PlanError(
-                f"entry point '{name}' in {ENTRY_POINT_GROUP} declares family '{family.name}'"
-            )
     if not found:
         raise PlanError(
             f"no exporter families registered: the {ENTRY_POINT_GROUP} entry points are "
@@ -113,6 +111,7 @@ def export_with_parity(req: ExportRequest) -> ExportOutput:
     where = f"{req.family}/{req.component}"
     known = families()
     if req.family not in known:
+        check_available(ENTRY_POINT_GROUP, req.family, "exporter family")
         raise SourceError(
             f"unknown exporter family '{req.family}'; use one of {', '.join(known)}",
             where=where,

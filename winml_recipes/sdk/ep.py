@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from winml_recipes.sdk.errors import PlanError, check_known
-from winml_recipes.sdk.plugins import load_entry_points
+from winml_recipes.sdk.plugins import check_available, load_entry_points
 
 if TYPE_CHECKING:
     import onnx
@@ -268,7 +268,13 @@ def _accept(obj: Any) -> bool:
 @cache
 def _registry() -> tuple[dict[str, ExecutionProvider], dict[str, str]]:
     """Plugins by key, and entry-point names that differ from their plugin's key."""
-    found = load_entry_points(ENTRY_POINT_GROUP, _accept, "an ExecutionProvider", skip_missing=True)
+    found = load_entry_points(
+        ENTRY_POINT_GROUP,
+        _accept,
+        "an ExecutionProvider",
+        skip_missing=True,
+        claims=lambda plugin: (plugin.key,),
+    )
     by_key: dict[str, ExecutionProvider] = {}
     aliases: dict[str, str] = {}
     for name, plugin in found.items():
@@ -288,6 +294,8 @@ def ep_key(name: str) -> str:
     by_key, aliases = _registry()
     if name in aliases:
         return aliases[name]
+    if name not in by_key:
+        check_available(ENTRY_POINT_GROUP, name, "execution provider")
     check_known(name, list(by_key) + list(aliases), "execution provider")
     return name
 

@@ -61,6 +61,7 @@ def task_metrics() -> dict[str, TaskMetric]:
         ENTRY_POINT_GROUP,
         lambda cls: isinstance(cls, type) and issubclass(cls, TaskMetric),
         "a TaskMetric",
+        claims=lambda cls: (cls.name, *cls.tasks),
     )
     return {name: cls() for name, cls in found.items()}
 

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Generic, TypeVar, get_args, get_origin
 from winml_recipes.sdk.config import build_config, config_schema
 from winml_recipes.sdk.errors import PlanError, check_known
 from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
-from winml_recipes.sdk.plugins import load_entry_points
+from winml_recipes.sdk.plugins import check_available, load_entry_points
 from winml_recipes.sdk.target import Target
 from winml_recipes.sdk.types import (
     DataRead,
@@ -174,7 +174,10 @@ def _load() -> None:
         return
     _loaded = True
     found = load_entry_points(
-        ENTRY_POINT_GROUP, lambda cls: isinstance(cls, type) and issubclass(cls, Pass), "a Pass"
+        ENTRY_POINT_GROUP,
+        lambda cls: isinstance(cls, type) and issubclass(cls, Pass),
+        "a Pass",
+        claims=lambda cls: (cls.name,),
     )
     for cls in found.values():
         register(cls)
@@ -192,6 +195,8 @@ def all_passes() -> dict[str, type[Pass]]:
 
 def get_pass(name: str) -> Pass:
     passes = all_passes()
+    if name not in passes:
+        check_available(ENTRY_POINT_GROUP, name, "pass")
     check_known(name, list(passes), "pass")
     return passes[name]()
 
