@@ -90,7 +90,7 @@ def test_a_hostile_manifest_cannot_load_restyle_or_pass(tmp_path: Path) -> None:
                     " fails: [...document.querySelectorAll('td .fail')].map(e => {"
                     "  const s = getComputedStyle(e), r = e.getBoundingClientRect();"
                     "  return [e.textContent, s.display, s.visibility,"
-                    "          r.width > 0 && r.height > 0];"
+                    "          r.width > 0 && r.height > 0, s.color];"
                     " })})"
                 )
             )
@@ -108,6 +108,11 @@ def test_a_hostile_manifest_cannot_load_restyle_or_pass(tmp_path: Path) -> None:
     assert state["styles"] == 1 and "refresh" not in [m.lower() for m in state["metas"]]
     # every failed gate's cell is there and visible; the banner does not say it passed
     assert len(state["fails"]) == failed, state["fails"]
-    assert all(f == ["FAIL", "inline", "visible", True] for f in state["fails"]), state["fails"]
+    # the page's own style applies (its CSP hash is right): FAIL in its red, nothing refused
+    red = "rgb(179, 20, 27)"
+    assert all(f == ["FAIL", "inline", "visible", True, red] for f in state["fails"]), state
+    logged = [e["params"]["entry"] for e in events if e["method"] == "Log.entryAdded"]
+    errors = [entry for entry in logged if entry["level"] == "error"]
+    assert not errors, errors
     assert "every gate passed" not in state["text"] and "a gate FAILED" in state["text"]
     assert HIDE in state["text"]  # the planted markup shows as text
