@@ -67,6 +67,25 @@ def check_available(group: str, name: str, what: str) -> None:
         raise PlanError(f"{what} '{name}' is not available: {why}")
 
 
+def _check(
+    obj: Any,
+    name: str,
+    accept: Callable[[Any], bool],
+    what: str,
+    claims: Callable[[Any], Iterable[str]],
+    named: Callable[[Any], str] | None,
+) -> tuple[str | None, list[str]]:
+    """(why the object is refused or None, the names it claims)."""
+    try:
+        if not accept(obj):
+            return f"it is not {what}", []
+        if named is not None and named(obj) != name:
+            return f"it declares the name '{named(obj)}'", []
+        return None, sorted({str(n) for n in claims(obj)})
+    except Exception as exc:  # a half-made plugin (no `name`, a `tasks` that is no set)
+        return f"it is not {what} ({_one_line(exc)})", []
+
+
 def load_entry_points(
     group: str,
     accept: Callable[[Any], bool],
@@ -107,15 +126,12 @@ def load_entry_points(
                 raise
             _skip(group, ep, f"it failed to load ({_one_line(exc)}); fix or uninstall it")
             continue
-        wrong = None if accept(obj) else f"it is not {what}"
-        if wrong is None and named is not None and named(obj) != ep.name:
-            wrong = f"it declares the name '{named(obj)}'"
+        wrong, names = _check(obj, ep.name, accept, what, claims, named)
         if wrong is not None:
             if builtin:
                 raise PlanError(f"entry point '{ep.name}' in {group}: {wrong}")
             _skip(group, ep, wrong)
             continue
-        names = sorted(set(claims(obj)))
         taken = [n for n in names if n in owned]
         if not builtin and taken:
             clash = ", ".join(f"'{n}' (held by {owned[n]})" for n in taken)
