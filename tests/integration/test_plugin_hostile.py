@@ -146,6 +146,7 @@ def test_a_plugin_claiming_a_built_in_name_is_refused_by_name(tmp_path: Path) ->
         "top-k-agreement": "'top-k-agreement'",
         "perfect": "'image-classification'",
         "better_quantize": "'quantize'",
+        "auto": "'auto'",
     }
     for entry, builtin in clashes.items():
         hits = [line for line in lines if f"plugin '{entry}' " in line]
