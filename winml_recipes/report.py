@@ -548,8 +548,7 @@ def write_report(
 ) -> Path:
     """Write BUILD_DIR/report.html (replacing it at once) and return its path."""
     build = open_build(build_dir, contracts=True)
-    out = build.folder / REPORT
-    tmp = out.with_name(f".{REPORT}.tmp")
-    tmp.write_text(render(build, layers, budget_mb, say), encoding="utf-8")
-    tmp.replace(out)
-    return out
+    from winml_recipes.safewrite import write_fresh
+
+    # a fresh file renamed into place: a planted report.html or temp link is never followed
+    return write_fresh(build.folder / REPORT, render(build, layers, budget_mb, say))
