@@ -124,6 +124,25 @@ def test_report_replaces_a_planted_temporary_link(folder, bashrc):
     assert "<html" in (folder / "report.html").read_text().lower()
 
 
+def test_report_never_embeds_a_picture_linked_out_of_the_folder(folder, tmp_path):
+    """run/summary.json names a picture that is a link to a file of the user's: the
+    report (a page people share) must not carry that file's bytes."""
+    import base64
+
+    secret = tmp_path / "home" / "private.png"
+    secret.parent.mkdir()
+    secret.write_bytes(b"\x89PNG\r\n\x1a\n a private picture of the user's")
+    _image(folder)  # an image model: its report shows the last run's picture
+    (folder / "run").mkdir()
+    (folder / "run" / "summary.json").write_text(json.dumps({"picture": "p.png"}))
+    plant_link(folder / "run" / "p.png", secret)
+    done = cli("report", folder, "--no-layers")
+    assert done.exit_code == 0, done.output
+    page = (folder / "report.html").read_text()
+    assert base64.b64encode(secret.read_bytes()).decode() not in page
+    assert "winml-recipes run" in page  # says how to make the picture instead
+
+
 # --- nothing loaded from outside the folder -------------------------------------------------
 
 
