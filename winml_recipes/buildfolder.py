@@ -389,21 +389,28 @@ def _catalog_entry(manifest: dict[str, Any], folder: Path, catalog_dir: Path | N
     with contextlib.suppress(WinmlError, OSError, KeyError):
         if "catalog" in manifest:
             return entry_from_data(manifest["catalog"], folder / MANIFEST)
-        recipe_path = Path(manifest.get("recipe", {}).get("path") or ".")
-        return load_entry(manifest["model"], catalog_dir or default_catalog_dir(recipe_path))
+        # the recipe path a manifest records is not followed (paths come from the folder):
+        # --catalog, $WINML_RECIPES_CATALOG or ./catalog, then the built-in entries
+        return load_entry(str(manifest["model"]), catalog_dir or default_catalog_dir())
     return None
 
 
 def _recipe_dims(manifest: dict[str, Any], name: str) -> dict[str, int]:
-    """The dims the rendered recipe set for component `name` (top level, then its own)."""
-    import yaml
+    """The dims the rendered recipe set for component `name` (top level, then its own);
+    {} when the text is not such a recipe (read with the bounded YAML loader)."""
+    from winml_recipes.yamlfile import load_yaml
+
+    def mapping(value: object) -> dict[str, Any]:
+        return value if isinstance(value, dict) else {}
 
     try:
-        data = yaml.safe_load(manifest.get("recipe", {}).get("rendered") or "") or {}
-    except yaml.YAMLError:
+        text = manifest.get("recipe", {}).get("rendered") or ""
+        data = mapping(load_yaml(text, "recipe.rendered", ModelFileError).data)
+    except WinmlError:
         return {}
-    own = (data.get("components") or {}).get(name) or {}
-    return {**(data.get("dims") or {}), **(own.get("dims") or {})}
+    own = mapping(mapping(data.get("components")).get(name))
+    dims = {**mapping(data.get("dims")), **mapping(own.get("dims"))}
+    return {k: v for k, v in dims.items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
 def contract_from_record(recorded: dict[str, Any], where: str = "") -> IOContract:

@@ -334,6 +334,9 @@ def manifest_schema() -> dict[str, Any]:
     # a component name is a folder of the build: no separator, no `..` (buildfolder.py)
     components["propertyNames"] = {"pattern": NAME_PATTERN}
     _contract_tensors(components["additionalProperties"]["properties"]["contract"])
+    # the catalog entry the manifest records is one the catalog schema takes
+    catalog = {k: v for k, v in catalog_schema().items() if not k.startswith("$") and k != "title"}
+    schema["properties"]["catalog"] = {**catalog, **_described(schema["properties"]["catalog"])}
     step = components["additionalProperties"]["properties"]["steps"]
     step["items"]["properties"]["metrics"]["patternProperties"] = {
         "^mixed_precision_auto$": MIXED_PRECISION_AUTO,
@@ -346,6 +349,10 @@ def manifest_schema() -> dict[str, Any]:
         "title": "winml-recipes build manifest",
         **schema,
     }
+
+
+def _described(prop: dict[str, Any]) -> dict[str, Any]:
+    return {"description": prop["description"]} if "description" in prop else {}
 
 
 def _contract_tensors(contract: dict[str, Any]) -> None:

@@ -235,8 +235,9 @@ def test_a_300_mb_manifest_is_refused_before_it_is_read(folder, npz):
         (lambda d: d.pop("recipe"), "'recipe' is required"),
         (lambda d: d.update(components=[d["components"]["model"]]), "$.components"),
         (lambda d: d["target"].update(device=["npu"]), "$.target.device"),
+        (lambda d: d["catalog"].update(components=[]), "$.catalog.components"),
     ],
-    ids=["no-recipe", "components-list", "device-list"],
+    ids=["no-recipe", "components-list", "device-list", "catalog-components-list"],
 )
 def test_a_manifest_off_its_schema_names_the_field(folder, npz, change, says):
     edit_manifest(folder, change)
