@@ -334,6 +334,9 @@ def manifest_schema() -> dict[str, Any]:
     # a component name is a folder of the build: no separator, no `..` (buildfolder.py)
     components["propertyNames"] = {"pattern": NAME_PATTERN}
     _contract_tensors(components["additionalProperties"]["properties"]["contract"])
+    # names the tool prints and joins into labels: as the recipe and catalog schemas say
+    schema["properties"]["recipe"]["properties"]["name"]["pattern"] = NAME_PATTERN
+    schema["properties"]["model"]["pattern"] = NAME_PATTERN
     # the catalog entry the manifest records is one the catalog schema takes
     catalog = {k: v for k, v in catalog_schema().items() if not k.startswith("$") and k != "title"}
     schema["properties"]["catalog"] = {**catalog, **_described(schema["properties"]["catalog"])}

@@ -236,12 +236,15 @@ def test_a_300_mb_manifest_is_refused_before_it_is_read(folder, npz):
         (lambda d: d.update(components=[d["components"]["model"]]), "$.components"),
         (lambda d: d["target"].update(device=["npu"]), "$.target.device"),
         (lambda d: d["catalog"].update(components=[]), "$.catalog.components"),
+        (lambda d: d["recipe"].update(name="mlp\x1b[2J"), "$.recipe.name"),
     ],
-    ids=["no-recipe", "components-list", "device-list", "catalog-components-list"],
+    ids=["no-recipe", "components-list", "device-list", "catalog-components-list", "escape"],
 )
 def test_a_manifest_off_its_schema_names_the_field(folder, npz, change, says):
     edit_manifest(folder, change)
-    refused(cli("run", folder, "--npz", npz), says)
+    done = cli("run", folder, "--npz", npz)
+    refused(done, says)
+    assert "\x1b" not in done.stderr
 
 
 def _image(folder: Path, **image) -> None:
