@@ -3,8 +3,8 @@
 A hard-linked output shares its inode with the step cache, the source model or another
 build, so an ordinary `onnx.save` over one of them silently changes the others (and their
 manifest hashes no longer match). A copy-on-write clone (a reflink, where the file system
-has one: btrfs, XFS, APFS via `cp -c` is not reachable here) shares the blocks, not the
-file; elsewhere the bytes are copied.
+has one: btrfs, XFS on Linux) shares the blocks, not the file; elsewhere (ext4, NTFS,
+Windows, macOS) the bytes are copied.
 """
 
 from __future__ import annotations
@@ -34,10 +34,15 @@ def _reflink(src: Path, dst: Path) -> bool:
     except ImportError:
         return False
     try:
-        with open(src, "rb") as source, open(dst, "xb") as target:
-            fcntl.ioctl(target.fileno(), _FICLONE, source.fileno())
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(dst)
+        target = open(dst, "xb")  # noqa: SIM115 (closed below, before it may be removed)
+    except OSError:  # there already (then copyfile replaces it), or not writable
         return False
-    return True
+    try:
+        with target, open(src, "rb") as source:
+            fcntl.ioctl(target.fileno(), _FICLONE, source.fileno())
+        return True
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        os.unlink(dst)  # the empty file made above
+    return False
