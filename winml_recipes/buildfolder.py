@@ -8,21 +8,28 @@ each component's input contract (dtypes, shapes with their dims, ranges, allowed
 image preprocessing: `engine.run.contract_record`) and its float reference, so a model is
 fed as its build fed it without the recipe or catalog. A manifest from before contracts
 were recorded falls back to the catalog entry with the recipe's dims.
+
+A build folder is untrusted input (it is zipped, mailed, downloaded): the manifest is read
+through the bounded JSON reader and checked against its generated schema, and every path
+comes from the folder itself (`inside`: no `..`, no absolute path, no link resolving out,
+regular files only), as the image and dataset readers do. docs/security.md has the rule.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
+import re
+import stat
 from dataclasses import dataclass
-from functools import cached_property
-from pathlib import Path
+from functools import cached_property, lru_cache
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from winml_recipes.sdk.contract import AudioPreprocess, ImagePreprocess, IOContract, TensorSpec
 from winml_recipes.sdk.errors import ModelFileError, RecipeError, WinmlError
 from winml_recipes.sdk.types import UpstreamComponent
+from winml_recipes.untrusted import printable
 
 MANIFEST = "manifest.json"  # engine.run writes it (not imported: no cycle through the engine)
 MODEL = "model.onnx"
@@ -196,7 +203,7 @@ def open_build(
             f"no {MANIFEST} here; pass a build folder (build/<recipe>/<device>-<precision>)",
             where=str(folder),
         )
-    manifest = _read(folder / MANIFEST)
+    manifest = read_manifest(folder)
     records = manifest["components"]
     entry = None
     if "catalog" not in manifest or not all(r.get("contract") for r in records.values()):
@@ -256,8 +263,10 @@ def _with_model(built: BuiltComponent) -> BuiltComponent:
 
 def _component(folder: Path, manifest: dict[str, Any], name: str, entry: Any) -> BuiltComponent:
     record = manifest["components"][name]
+    where = f"{folder / MANIFEST}: components.{printable(name)}"
+    inside(folder, name, f"{where}: the component's folder", kind="folder")
     if record.get("contract"):
-        contract = contract_from_record(record["contract"])
+        contract = contract_from_record(record["contract"], where=f"{where}.contract")
     elif entry is not None and name in entry.components:
         contract = entry.components[name].contract
         contract = dataclasses.replace(
@@ -265,31 +274,112 @@ def _component(folder: Path, manifest: dict[str, Any], name: str, entry: Any) ->
         )
     else:
         contract = None
-    model, compiled = folder / name / MODEL, folder / name / COMPILED
+    model = inside(folder, f"{name}/{MODEL}", where)
+    compiled = inside(folder, f"{name}/{COMPILED}", where)
+    if compiled is not None:
+        _check_context_binaries(folder, compiled)
     reference = record.get("reference", {}).get("path")
+    ref = inside(folder, reference, f"{where}.reference.path") if reference else None
+    if reference and ref is None:
+        raise ModelFileError(
+            f"reference.path {printable(reference)!r} is not in the build folder; "
+            "copy the whole build folder, or build the target again",
+            where=where,
+        )
     return BuiltComponent(
         folder=folder,
         name=name,
         manifest=manifest,
         contract=contract,
-        model=model if model.is_file() else None,
-        compiled=compiled if compiled.is_file() else None,
-        reference=folder / reference if reference else None,
+        model=model,
+        compiled=compiled,
+        reference=ref,
     )
 
 
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelFileError(f"cannot read the build's manifest: {exc}", where=str(path)) from None
-    if not (
-        isinstance(data, dict)
-        and isinstance(data.get("components"), dict)
-        and isinstance(data.get("target"), dict)
+def inside(folder: Path, relative: str, what: str, *, kind: str = "file") -> Path | None:
+    """`folder/relative` when it exists and is a regular file (`kind` "folder": a folder)
+    inside `folder`; None when it does not exist. A relative path that is absolute, has a
+    drive or a `..` part, or a link resolving outside `folder`, is refused (one line): a
+    build folder's paths come from the folder itself (the rule of datafiles.py's readers)."""
+    text = str(relative)
+    posix, windows = PurePosixPath(text.replace("\\", "/")), PureWindowsPath(text)
+    if (
+        not text
+        or posix.is_absolute()
+        or windows.drive
+        or windows.root
+        or ".." in posix.parts
+        or any(ord(c) < 32 for c in text)
     ):
-        raise ModelFileError("not a build manifest (no target or components)", where=str(path))
+        raise ModelFileError(
+            f"{printable(text)!r} is not a path inside the build folder (absolute, or with "
+            "'..'); refused",
+            where=what,
+        )
+    path = folder.joinpath(*posix.parts)
+    if not (path.is_symlink() or path.exists()):
+        return None
+    try:
+        target, base = path.resolve(strict=True), folder.resolve(strict=True)
+    except (OSError, RuntimeError) as exc:  # a dangling link, a link loop
+        raise ModelFileError(
+            f"cannot resolve {printable(text)!r}: {printable(exc)}", where=what
+        ) from None
+    if target == base or not target.is_relative_to(base):
+        raise ModelFileError(
+            f"{printable(text)!r} is a link to {printable(target)}, outside the build folder; "
+            "refused (a build folder's files must be in it)",
+            where=what,
+        )
+    mode = target.stat().st_mode
+    if not (stat.S_ISDIR(mode) if kind == "folder" else stat.S_ISREG(mode)):
+        raise ModelFileError(f"{printable(text)!r} is not a {kind}; refused", where=what)
+    return path
+
+
+def _check_context_binaries(folder: Path, compiled: Path) -> None:
+    """Every context binary an EPContext node of `compiled` names (embed mode 0) is a file
+    beside it in the build folder (the EP opens it by that name)."""
+    import onnx
+
+    from winml_recipes.onnx.io import load_model
+
+    base = compiled.parent.relative_to(folder).as_posix()
+    for node in load_model(compiled, load_external_data=False).graph.node:
+        if node.op_type != "EPContext":
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("embed_mode", 1) != 0:
+            continue
+        name = attrs.get("ep_cache_context", b"")
+        name = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+        inside(folder, f"{base}/{name}", f"{compiled}: node {printable(node.name)!r}")
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """`folder/manifest.json` read through the bounded JSON reader (size and depth capped)
+    and checked against the manifest's generated schema: one line naming the field."""
+    from winml_recipes.untrusted import read_json_bounded
+    from winml_recipes.yamlfile import first_schema_error
+
+    path = folder / MANIFEST
+    data = read_json_bounded(path)
+    problem = first_schema_error(data, _manifest_schema())
+    if problem is not None:
+        raise ModelFileError(
+            f"not a build manifest this tool reads: {printable(problem)}; build the target "
+            "again (or pass the folder of a build)",
+            where=str(path),
+        )
     return data
+
+
+@lru_cache(maxsize=1)
+def _manifest_schema() -> dict[str, Any]:
+    from winml_recipes.schemas import manifest_schema
+
+    return manifest_schema()
 
 
 def _catalog_entry(manifest: dict[str, Any], folder: Path, catalog_dir: Path | None) -> Any:
@@ -299,28 +389,39 @@ def _catalog_entry(manifest: dict[str, Any], folder: Path, catalog_dir: Path | N
     with contextlib.suppress(WinmlError, OSError, KeyError):
         if "catalog" in manifest:
             return entry_from_data(manifest["catalog"], folder / MANIFEST)
-        recipe_path = Path(manifest.get("recipe", {}).get("path") or ".")
-        return load_entry(manifest["model"], catalog_dir or default_catalog_dir(recipe_path))
+        # the recipe path a manifest records is not followed (paths come from the folder):
+        # --catalog, $WINML_RECIPES_CATALOG or ./catalog, then the built-in entries
+        return load_entry(str(manifest["model"]), catalog_dir or default_catalog_dir())
     return None
 
 
 def _recipe_dims(manifest: dict[str, Any], name: str) -> dict[str, int]:
-    """The dims the rendered recipe set for component `name` (top level, then its own)."""
-    import yaml
+    """The dims the rendered recipe set for component `name` (top level, then its own);
+    {} when the text is not such a recipe (read with the bounded YAML loader)."""
+    from winml_recipes.yamlfile import load_yaml
+
+    def mapping(value: object) -> dict[str, Any]:
+        return value if isinstance(value, dict) else {}
 
     try:
-        data = yaml.safe_load(manifest.get("recipe", {}).get("rendered") or "") or {}
-    except yaml.YAMLError:
+        text = manifest.get("recipe", {}).get("rendered") or ""
+        data = mapping(load_yaml(text, "recipe.rendered", ModelFileError).data)
+    except WinmlError:
         return {}
-    own = (data.get("components") or {}).get(name) or {}
-    return {**(data.get("dims") or {}), **(own.get("dims") or {})}
+    own = mapping(mapping(data.get("components")).get(name))
+    dims = {**mapping(data.get("dims")), **mapping(own.get("dims"))}
+    return {k: v for k, v in dims.items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
-def contract_from_record(recorded: dict[str, Any]) -> IOContract:
-    """The IOContract a manifest's `contract` record describes (engine.run.contract_record)."""
+def contract_from_record(recorded: dict[str, Any], where: str = "") -> IOContract:
+    """The IOContract a manifest's `contract` record describes (engine.run.contract_record).
+    Its image blocks are checked (`check_image`): the schema bounds each value, not how
+    they fit together."""
 
     def spec(name: str, s: dict[str, Any]) -> TensorSpec:
         image = s.get("image")
+        if image:
+            check_image(image, f"{where}.inputs.{printable(name)}.image" if where else name)
         return TensorSpec(
             name,
             s.get("dtype", "float32"),
@@ -348,6 +449,45 @@ def contract_from_record(recorded: dict[str, Any]) -> IOContract:
     inputs = tuple(spec(n, s) for n, s in recorded.get("inputs", {}).items())
     outputs = tuple(spec(n, s) for n, s in recorded.get("outputs", {}).items())
     return IOContract(inputs=inputs, outputs=outputs, dims=dict(recorded.get("dims", {})))
+
+
+MAX_IMAGE_SIDE = 16384  # the catalog schema's bound on image.size (schemas.MAX_IMAGE_SIDE)
+IMAGE_CHANNELS = (1, 3)  # mean/std: one value for every channel, or one per RGB channel
+
+
+def check_image(image: dict[str, Any], where: str) -> None:
+    """A recorded `image:` block a photo can be preprocessed with: size two positive ints
+    (height, width) of at most MAX_IMAGE_SIDE, mean and std numbers (std above 0) with one
+    value or one per RGB channel; else a one-line error naming the field."""
+    size, mean, std = image.get("size"), image.get("mean", [0.0]), image.get("std", [1.0])
+
+    def whole(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    def number(v: object) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool) and v == v  # not NaN
+
+    if not (isinstance(size, list) and len(size) == 2 and all(whole(v) for v in size)) or not all(
+        1 <= v <= MAX_IMAGE_SIDE for v in size
+    ):
+        raise ModelFileError(
+            f"image.size must be [height, width], two whole numbers from 1 to "
+            f"{MAX_IMAGE_SIDE}, not {printable(size)}; build the target again",
+            where=where,
+        )
+    for field, values in (("mean", mean), ("std", std)):
+        if not (
+            isinstance(values, list)
+            and len(values) in IMAGE_CHANNELS
+            and all(number(v) and abs(v) < 1e6 for v in values)
+            and (field == "mean" or all(v > 0 for v in values))
+        ):
+            raise ModelFileError(
+                f"image.{field} must be 1 or 3 finite numbers"
+                f"{' above 0' if field == 'std' else ''}, not {printable(values)}; "
+                "build the target again",
+                where=where,
+            )
 
 
 def verify_upstream(built: BuiltComponent) -> tuple[UpstreamComponent, int] | None:
@@ -387,25 +527,19 @@ def float_reference(built: BuiltComponent, cache_root: Path | None = None) -> Pa
         cls = passes.get(step.get("pass", ""))
         if cls is None or not cls.produces_reference or step.get("status") not in ("ran", "cached"):
             continue
-        entry = cache.get(step.get("cache_key", ""))
+        key = str(step.get("cache_key", ""))
+        # a step-cache key is a sha256: anything else would name a path outside the cache
+        entry = cache.get(key) if re.fullmatch(r"[0-9a-f]{64}", key) else None
         if entry is None or entry.model is None:
             raise RecipeError(
                 f"{built.name}: the float model of its {step['pass']} step is no longer in the "
                 f"step cache ({cache.root}); give REFERENCE, or build the target again"
             )
         return entry.model
+    # The manifest's source path is never opened: a build folder's paths come from the folder.
     source = built.record.get("source", {})
-    path = Path(source.get("ref", ""))
-    if source.get("kind") == "onnx" and path.is_file() and not _quantized(path):
-        return path
     raise RecipeError(
-        f"{built.name}: the build has no float model to compare with (its source is "
-        f"{source.get('kind', 'unknown')} {source.get('ref', '')!r}); give REFERENCE"
+        f"{built.name}: the build folder holds no float model to compare with (its source "
+        f"is {printable(source.get('kind', 'unknown'))} {printable(source.get('ref', ''))!r}); "
+        "give REFERENCE (that file, if it is the float model)"
     )
-
-
-def _quantized(path: Path) -> bool:
-    from winml_recipes.onnx.io import load_model
-    from winml_recipes.onnx.quant import detect_quantization
-
-    return detect_quantization(load_model(path, load_external_data=False)).quantized

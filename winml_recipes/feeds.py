@@ -230,6 +230,20 @@ def check_npz_values(files: list[Path], contract: IOContract, what: str = CALIBR
 MAX_DYNAMIC_DIM_FACTOR = 64
 
 
+def header_fits(shape: tuple[int, ...], want: tuple[int, ...], spec: TensorSpec) -> bool:
+    """Whether an npz member's declared `shape` is one sample of `spec` (resolved to `want`)
+    or at most MAX_SAMPLES_PER_FILE stacked on a leading axis, named dims within bounds:
+    checked from the header, before the array is allocated (`run --npz`)."""
+    if _matches(shape, want, spec) and not _too_big(shape, want):
+        return True
+    return (
+        len(shape) == len(want) + 1
+        and _matches(shape[1:], want, spec)
+        and not _too_big(shape[1:], want)
+        and shape[0] <= MAX_SAMPLES_PER_FILE
+    )
+
+
 def _too_big(got: tuple[int, ...], want: tuple[int, ...]) -> bool:
     """A dynamic dim may differ from the catalog's default, within reason (memory)."""
     return int(np.prod(got, dtype=np.int64)) > MAX_DYNAMIC_DIM_FACTOR * max(

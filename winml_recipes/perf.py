@@ -18,6 +18,7 @@ build, so targets of one recipe compare on equal inputs.
 
 from __future__ import annotations
 
+import itertools
 import json
 import platform
 import subprocess
@@ -38,6 +39,7 @@ DEFAULT_BUDGET_SECONDS = 60.0  # all rows' warm-up and timed runs, when no count
 MAX_ITERATIONS = 200  # timed runs per row a budget may buy (P99 needs 100)
 TIMEOUT_SECONDS = 3600.0
 PIPELINE = "pipeline"
+_FEED_NUMBERS = itertools.count()  # the names of feed files in perf's temporary folder
 # The fewest runs a percentile needs to be more than the slowest run (nearest rank):
 # 1 / (1 - p). Fewer: it is not reported.
 MIN_RUNS = {"p50": 2, "p90": 10, "p99": 100}
@@ -196,7 +198,8 @@ def _time_build(
     feeds: dict[str, Path] = {}
     for comp in build.components:
         feed = make_inputs(list(comp.inputs), {}, seed=seed, count=1)[0]
-        feeds[comp.name] = tmp / f"{build.relpath.replace('/', '-')}-{comp.name}.npz"
+        # numbered: a name from the manifest never becomes part of a path
+        feeds[comp.name] = tmp / f"feed-{next(_FEED_NUMBERS)}.npz"
         np.savez(feeds[comp.name], **feed)
     base = {"build": build.relpath, "ep": ep_key, "emulated": emulated is not None}
     if emulated:

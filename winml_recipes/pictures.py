@@ -105,8 +105,9 @@ def compose(
         draw.text((GUTTER, y), line, fill=(20, 20, 20), font=font)
         y += LINE
     out.parent.mkdir(parents=True, exist_ok=True)
-    canvas.save(out, format="PNG")
-    return out
+    from winml_recipes.safewrite import save_fresh
+
+    return save_fresh(out, lambda handle: canvas.save(handle, format="PNG"))
 
 
 def _mask_component(build: BuildFolder) -> str | None:

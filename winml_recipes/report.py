@@ -332,21 +332,28 @@ def _first_line(exc: BaseException) -> str:
     return (text.splitlines() or [type(exc).__name__])[0][:300]
 
 
+MAX_PICTURE_BYTES = 32 << 20  # a run picture is a few hundred kB
+
+
 def _picture_section(build: BuildFolder) -> Markup:
     """The picture `winml-recipes run` drew into BUILD/run (reused: the report runs
     nothing); else one line on how to make it and what that costs."""
-    import json
-
+    from winml_recipes.buildfolder import inside
     from winml_recipes.runcost import run_cost
+    from winml_recipes.sdk.errors import WinmlError
+    from winml_recipes.untrusted import read_json_bounded
 
     if build.image_input() is None:
         return _h('<p class="note">not an image model: no picture</p>')
     cmd = _h("<code>winml-recipes run {}</code>", build.folder)
-    summary_path = build.folder / "run" / "summary.json"
-    try:
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
-        png = (summary_path.parent / Path(summary["picture"]).name).read_bytes()
-    except (OSError, ValueError, KeyError, TypeError):
+    try:  # only files in the build folder (buildfolder.inside): a link out is never embedded
+        summary_path = inside(build.folder, "run/summary.json", "run")
+        summary = read_json_bounded(summary_path) if summary_path else {}
+        png_path = inside(build.folder, f"run/{Path(summary['picture']).name}", "run")
+        if png_path is None or png_path.stat().st_size > MAX_PICTURE_BYTES:
+            raise ValueError("no picture")
+        png = png_path.read_bytes()
+    except (OSError, ValueError, KeyError, TypeError, WinmlError):
         if build.failed:
             return _h('<p class="note">not made: the build failed</p>')
         cost = run_cost(build)
@@ -581,8 +588,7 @@ def write_report(
 ) -> Path:
     """Write BUILD_DIR/report.html (replacing it at once) and return its path."""
     build = open_build(build_dir, contracts=True)
-    out = build.folder / REPORT
-    tmp = out.with_name(f".{REPORT}.tmp")
-    tmp.write_text(render(build, layers, budget_mb, say), encoding="utf-8")
-    tmp.replace(out)
-    return out
+    from winml_recipes.safewrite import write_fresh
+
+    # a fresh file renamed into place: a planted report.html or temp link is never followed
+    return write_fresh(build.folder / REPORT, render(build, layers, budget_mb, say))

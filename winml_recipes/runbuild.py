@@ -22,6 +22,7 @@ from winml_recipes.prompts import (
     prompt_feeds,
     takes_prompts,
 )
+from winml_recipes.safewrite import fresh_folder, save_fresh, write_fresh
 from winml_recipes.sdk.errors import RecipeError
 
 SAMPLE_PHOTO = "rocket_0.jpg"  # the bundled held-out photo `run` and the report default to
@@ -39,18 +40,24 @@ def _npz_inputs(path: Path, build: BuildFolder) -> tuple[dict[str, np.ndarray], 
     stacked on a leading axis (the first is run, and a note says so)."""
     specs = {s.name: s for c in build.components for s in c.contract.inputs}
     known = set(specs)
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError) as exc:
-        raise RecipeError(f"--npz: cannot read it: {exc}", where=str(path)) from None
-    unknown = sorted(set(arrays) - known)
+    headers = _npz_checked(path, build)  # before any array is allocated
+    unknown = sorted(set(headers) - known)
     if unknown:
         raise RecipeError(
             f"--npz: {', '.join(unknown)} not an input of the build; "
             f"inputs: {', '.join(sorted(known))}",
             where=str(path),
         )
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            other = sorted(set(data.files) - set(headers))  # not .npy: no header to check
+            if other:
+                raise RecipeError(
+                    f"--npz: {', '.join(other)} not a numpy array; refused", where=str(path)
+                )
+            arrays = {k: data[k] for k in headers}
+    except (OSError, ValueError) as exc:
+        raise RecipeError(f"--npz: cannot read it: {exc}", where=str(path)) from None
     stacked = {k: len(a) for k, a in arrays.items() if a.ndim == len(specs[k].shape) + 1}
     if stacked and len(stacked) != len(arrays):
         raise RecipeError(
@@ -65,6 +72,36 @@ def _npz_inputs(path: Path, build: BuildFolder) -> tuple[dict[str, np.ndarray], 
         raise RecipeError("--npz: its sample axis is empty", where=str(path))
     note = f"--npz holds {count} samples on a leading axis; ran the first"
     return {k: a[0] for k, a in arrays.items()}, [note]
+
+
+def _npz_checked(path: Path, build: BuildFolder) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """The npz's members from their headers (feeds.npz_headers, as compare reads them): each
+    an input of the build with its dtype, shaped as the build takes it (named dims within
+    feeds' bounds), optionally stacked (at most feeds.MAX_SAMPLES_PER_FILE); one line else."""
+    from winml_recipes.feeds import MAX_SAMPLES_PER_FILE, header_fits, npz_headers
+    from winml_recipes.sdk.contract import resolve_shape
+
+    headers = npz_headers(path, "--npz")
+    for comp in build.components:
+        contract = comp.contract
+        for spec in contract.inputs:
+            if spec.name not in headers:
+                continue
+            shape, dtype = headers[spec.name]
+            want = resolve_shape(spec, contract.dims)
+            if dtype != np.dtype(spec.dtype):
+                raise RecipeError(
+                    f"--npz: input '{spec.name}' is {dtype}, the build takes {spec.dtype}",
+                    where=str(path),
+                )
+            if not header_fits(shape, want, spec):
+                raise RecipeError(
+                    f"--npz: input '{spec.name}' has shape {list(shape)}, the build takes "
+                    f"{list(want)} (optionally with a leading sample axis of at most "
+                    f"{MAX_SAMPLES_PER_FILE}); refused before reading it",
+                    where=str(path),
+                )
+    return headers
 
 
 def prepare_inputs(
@@ -198,8 +235,7 @@ def run_and_write(
     about["notes"] += [f"{c}: ran on the CPU simulation (verify did too)" for c in cost.simulate]
     has_float = any(c.reference is not None for c in build.components)
     ref = run_float(build, inputs) if has_float else None
-    out = Path(output_dir) if output_dir else build.folder / "run"
-    out.mkdir(parents=True, exist_ok=True)
+    out = fresh_folder(Path(output_dir) if output_dir else build.folder / "run")
     summary: dict[str, Any] = {
         "build": str(build.folder),
         "target": dict(build.manifest["target"]),  # device, precision[, ep]
@@ -213,7 +249,7 @@ def run_and_write(
         arrays |= {f"float/{c}/{n}": v for c, outs in ref.outputs.items() for n, v in outs.items()}
     else:
         summary["notes"].append("the build ships the float model itself: nothing to compare")
-    np.savez(out / "outputs.npz", **arrays)
+    save_fresh(out / "outputs.npz", lambda handle: np.savez(handle, **arrays))
     summary["outputs"] = str(out / "outputs.npz")
     if picture and about.get("image"):
         stem = Path(about["image"]).stem
@@ -222,7 +258,7 @@ def run_and_write(
         )
         if drawn is not None:
             summary["picture"] = str(drawn)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_jsonable) + "\n")
+    write_fresh(out / "summary.json", json.dumps(summary, indent=2, default=_jsonable) + "\n")
     return RunOutcome(summary, ref, target)
 
 

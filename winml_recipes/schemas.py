@@ -330,7 +330,17 @@ def manifest_schema() -> dict[str, Any]:
 
     schema = record_schema(Manifest)
     schema["properties"]["target"] = _target_schema()
-    step = schema["properties"]["components"]["additionalProperties"]["properties"]["steps"]
+    components = schema["properties"]["components"]
+    # a component name is a folder of the build: no separator, no `..` (buildfolder.py)
+    components["propertyNames"] = {"pattern": NAME_PATTERN}
+    _contract_tensors(components["additionalProperties"]["properties"]["contract"])
+    # names the tool prints and joins into labels: as the recipe and catalog schemas say
+    schema["properties"]["recipe"]["properties"]["name"]["pattern"] = NAME_PATTERN
+    schema["properties"]["model"]["pattern"] = NAME_PATTERN
+    # the catalog entry the manifest records is one the catalog schema takes
+    catalog = {k: v for k, v in catalog_schema().items() if not k.startswith("$") and k != "title"}
+    schema["properties"]["catalog"] = {**catalog, **_described(schema["properties"]["catalog"])}
+    step = components["additionalProperties"]["properties"]["steps"]
     step["items"]["properties"]["metrics"]["patternProperties"] = {
         "^mixed_precision_auto$": MIXED_PRECISION_AUTO,
         "^gates$": GATES,
@@ -342,6 +352,23 @@ def manifest_schema() -> dict[str, Any]:
         "title": "winml-recipes build manifest",
         **schema,
     }
+
+
+def _described(prop: dict[str, Any]) -> dict[str, Any]:
+    return {"description": prop["description"]} if "description" in prop else {}
+
+
+def _contract_tensors(contract: dict[str, Any]) -> None:
+    """A manifest's recorded inputs and outputs take the catalog's tensor schema, with
+    image.size always written as [height, width] (engine.run.contract_record)."""
+    inputs, outputs = _tensor_schema(False), _tensor_schema(True)
+    size = inputs["properties"]["image"]["properties"]["size"]
+    inputs["properties"]["image"]["properties"]["size"] = {
+        "description": size["description"],
+        **size["anyOf"][1],
+    }
+    contract["properties"]["inputs"]["additionalProperties"] = inputs
+    contract["properties"]["outputs"]["additionalProperties"] = outputs
 
 
 def report_schema() -> dict[str, Any]:

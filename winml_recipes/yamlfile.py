@@ -163,6 +163,17 @@ def validate(loaded: LoadedYaml, schema: dict, filename: str, error: type[WinmlE
     raise error(f"{json_path(shown)}: {message}", where=f"{filename}:{line}")
 
 
+def first_schema_error(data: object, schema: dict) -> str | None:
+    """The first error of `data` against `schema` as `$.path: message` (None: valid), for
+    JSON read from outside (a build folder's manifest)."""
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(data), key=_error_order)
+    if not errors:
+        return None
+    message, path, prefer_key = _message(_deepest(errors[0]))
+    return f"{json_path(path[:-1] if prefer_key else path)}: {message}"
+
+
 def _error_order(err: jsonschema.ValidationError) -> tuple:
     return (tuple(str(p) for p in err.absolute_path), err.validator != "additionalProperties")
 

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 import winml_recipes
+from winml_recipes.copyfile import copy_unshared
 from winml_recipes.engine.cache import StepCache, library_versions
 from winml_recipes.engine.identity import contract_key, identify
 from winml_recipes.engine.lock import exclusive
@@ -591,7 +592,7 @@ def ship_component(
     _copy_model(state.model, final_model)
     _write_graph_digest(final_model, final_dir / GRAPH_DIGEST)
     for extra in state.artifacts:
-        _link_or_copy(extra, final_dir / extra.name)
+        copy_unshared(extra, final_dir / extra.name)
     shipped = final_model
     if not state.ship_model and state.artifacts:
         for p in [final_model, *final_dir.glob(f"{final_model.name}_data")]:
@@ -651,8 +652,8 @@ def _ship_reference(name: str, state: ChainState, staging: Path) -> ReferenceRec
     """Copy the component's float reference to `staging/float-reference/<name>/` when the
     shipped model differs from it (None: no float model, or the model is the float one).
 
-    Shipped rather than looked up in the cache: a build folder then runs anywhere. The
-    graph file is hard-linked from the cache where possible; external data is copied."""
+    Shipped rather than looked up in the cache: a build folder then runs anywhere. Copied,
+    never hard-linked (an edit of one build's file must not change another's)."""
     if state.reference is None or state.reference_digest in (None, state.digest):
         return None
     folder = staging / REFERENCE_DIR / name
@@ -849,9 +850,9 @@ def _estimate(
 
 
 def _copy_model(src: Path, dst: Path) -> None:
-    """The graph file hard-linked (or copied), its external data always copied: onnx
-    refuses to load external data files with more than one link ("potential hardlink
-    attack"), so a linked sidecar would make the output unloadable for onnx users."""
+    """The graph file and its external data copied (copyfile.copy_unshared: a reflink where
+    the file system has one, never a hard link: an edit of the output would change the
+    cache entry, the source or another build)."""
     from winml_recipes.onnx.io import load_model, save_model, sidecar_paths
 
     sidecars = sidecar_paths(src)
@@ -860,19 +861,9 @@ def _copy_model(src: Path, dst: Path) -> None:
         # A source no step rewrote, with its exporter's sidecar names: our layout instead.
         save_model(load_model(src), dst)
         return
-    _link_or_copy(src, dst)
+    copy_unshared(src, dst)
     for side in sidecars:
-        shutil.copyfile(side, target)
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    """A hard link to the cache entry where the filesystem allows (no second copy of a large
-    model; an edited output changes the entry's digest, and the entry is then rebuilt),
-    else a copy. Never a symbolic link."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
+        copy_unshared(side, target)
 
 
 def _write_graph_digest(model_path: Path, out: Path) -> None:

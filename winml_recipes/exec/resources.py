@@ -12,7 +12,6 @@ each of its tasks declares.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +86,12 @@ def expected_memory_mb(task: TargetTask) -> float:
 
 
 def _read(manifest: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(manifest.read_text())
-    except (OSError, ValueError):
+    """The last build's manifest through the bounded reader ({} when absent or unreadable)."""
+    from winml_recipes.untrusted import UntrustedInputError, read_json_bounded
+
+    if not manifest.is_file():
         return {}
-    return data if isinstance(data, dict) else {}
+    try:
+        return read_json_bounded(manifest)
+    except UntrustedInputError:
+        return {}
