@@ -23,6 +23,7 @@ from winml_recipes.buildfolder import BuildFolder, open_build
 from winml_recipes.passes.verify_layers import LAYERS_ENV, LAYERS_MAX_MB, QUANTIZED
 from winml_recipes.report_svg import layer_plot
 from winml_recipes.sdk.ep import ran_on_name
+from winml_recipes.standin import random_weights_note
 
 REPORT = "report.html"
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; form-action 'none'"
@@ -39,7 +40,7 @@ th{background:#f4f4f4} td:has(>span.num){text-align:right}
 .verdict.pass{background:#e3f6e8} .verdict.fail{background:#fde6e7}
 .verdict.none{background:#f0f0f0;color:#555}
 img.run{max-width:100%;border:1px solid #ddd} svg{background:#fff;border:1px solid #ddd}
-code{background:#f4f4f4;padding:0 3px}
+code{background:#f4f4f4;padding:0 3px} .random{background:#fff4d6;padding:6px 10px}
 """
 
 
@@ -329,6 +330,11 @@ def _picture_section(build: BuildFolder) -> str:
         )
     photo = Path(summary.get("image") or "photo").name
     notes = "".join(f"<li>{_e(n)}</li>" for n in summary.get("notes", []))
+    if random_weights_note(build.manifest.get("catalog"), build.manifest.get("source")):
+        notes += (
+            "<li>The weights are random (a stand-in): this picture shows that the target "
+            "agrees with the float model, not what the real model sees.</li>"
+        )
     data = base64.b64encode(png).decode("ascii")
     return (
         f"<p>The last <code>winml-recipes run</code> of this build, on <code>{_e(photo)}"
@@ -518,6 +524,9 @@ def render(
         css = "none" if overall is None else ("pass" if overall else "fail")
         lead = f'<p><span class="verdict {css}">{_e(verdict)}</span></p>'
     m = build.manifest
+    random = random_weights_note(m.get("catalog"), m.get("source"))
+    if random:
+        lead += f'<p class="random"><strong>{_e(random[:1].upper() + random[1:])}.</strong></p>'
     sections = [
         ("Verdicts and metrics", _verify_section(build)),
         ("Run on a held-out photo", _picture_section(build)),
