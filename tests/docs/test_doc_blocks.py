@@ -104,8 +104,10 @@ def test_every_runnable_block_is_run_or_says_why_not() -> None:
     wrong = []
     for b in ALL:
         if b.mark is None:
-            wrong.append(f"{b.where}: unmarked {b.lang} block (add <!-- run: fast --> or "
-                         "<!-- not-run: reason --> on the line before it)")
+            wrong.append(
+                f"{b.where}: unmarked {b.lang} block (add <!-- run: fast --> or "
+                "<!-- not-run: reason --> on the line before it)"
+            )
         elif b.mark == "not-run" and len(b.detail) < 10:
             wrong.append(f"{b.where}: not-run needs a reason")
         elif b.mark == "run" and b.speed not in ("fast", "slow"):
@@ -132,7 +134,7 @@ def _run(block: Block, folder: Path, timeout: float) -> None:
     else:
         lines = block.code.splitlines()
         if any(line.startswith("$ ") for line in lines):
-            cmds = [["bash", "-eo", "pipefail", "-c", ln[2:]] for ln in lines if ln.startswith("$ ")]
+            cmds = [["bash", "-eo", "pipefail", "-c", ln[2:]] for ln in lines if ln[:2] == "$ "]
             shown = [ln.strip() for ln in lines if ln.strip() not in ("", "...") and ln[:2] != "$ "]
         else:
             cmds, shown = [["bash", "-eo", "pipefail", "-c", block.code]], []

@@ -7,7 +7,8 @@ import re
 
 from tests.conftest import REPO, cli
 
-DOCS = "\n".join(p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))])
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+DOCS = "\n".join(p.read_text() for p in PAGES)
 
 
 def _yaml_blocks() -> list[str]:
