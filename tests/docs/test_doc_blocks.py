@@ -170,3 +170,14 @@ def test_slow_doc_blocks_run(name: str, tmp_path: Path) -> None:
     if name == "(none)":
         return
     _run_session(sessions("slow")[name], tmp_path, timeout=3600)
+
+
+def test_every_relative_link_in_the_docs_resolves() -> None:
+    """A page moved or renamed leaves no link (or the README's picture) pointing nowhere."""
+    dead = []
+    for page in doc_files():
+        for found in re.finditer(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
+            target = found.group(1)
+            if "://" not in target and not (page.parent / target).exists():
+                dead.append(f"{page.relative_to(REPO)}: {target}")
+    assert not dead, dead
