@@ -9,6 +9,8 @@ from pathlib import Path
 import yaml
 
 from tests.conftest import CATALOG, cli, make_mlp_project
+from winml_recipes import pictures
+from winml_recipes.buildfolder import open_build
 from winml_recipes.presenter import summary_lines
 from winml_recipes.sdk.records import Manifest
 from winml_recipes.standin import random_weight_components
@@ -34,6 +36,9 @@ def test_a_random_weight_build_says_so_in_its_summary_and_report(tiny_build) -> 
     notes = [line for line in lines if "random weights" in line]
     assert len(notes) == 1 and notes[0].startswith("  note: random weights: vision_encoder, ")
     assert "pictures (masks, labels) are meaningless" in notes[0]
+    assert pictures._random_weights(open_build(out)) == [
+        "random weights (a stand-in): this shows agreement with float, not a real result"
+    ]  # the run picture's caption line
     html = (out / "report.html").read_text(encoding="utf-8")
     assert '<p class="random"><strong>Random weights: vision_encoder, ' in html
     assert html.index('class="random"') < html.index("<h2>Verdicts")  # on top, seen first
@@ -46,3 +51,4 @@ def test_a_real_weight_build_does_not(tmp_path: Path) -> None:
     assert "built mlp for cpu/fp32" in done.output and "random weights" not in done.output
     html = (tmp_path / "b" / "mlp" / "cpu-fp32" / "report.html").read_text(encoding="utf-8")
     assert 'class="random"' not in html and "random weights" not in html.lower()
+    assert pictures._random_weights(open_build(tmp_path / "b" / "mlp" / "cpu-fp32")) == []
