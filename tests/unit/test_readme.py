@@ -38,3 +38,15 @@ def test_every_documented_command_has_help() -> None:
         else:
             result = cli(words[0], "--help")
         assert result.exit_code == 0, command
+
+
+def test_the_readme_stays_a_ten_minute_read() -> None:
+    """Issue 37: at most about 250 lines, none over 200 characters; reference material
+    belongs in a docs/ page the README's "Read more" list links."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines: move reference into docs/"
+    assert not [i + 1 for i, line in enumerate(lines) if len(line) > 200]
+    read_more = "\n".join(lines).split("## Read more", 1)[1]
+    linked = set(re.findall(r"\]\((docs/[^)#]+\.md)\)", read_more))
+    pages = {f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")}
+    assert pages <= linked, f"docs pages the README does not list: {sorted(pages - linked)}"
