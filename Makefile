@@ -10,7 +10,7 @@ SOURCE    ?=
 TARGET_ARGS := $(if $(DEVICE),--device $(DEVICE)) $(if $(PRECISION),--precision $(PRECISION)) \
                $(if $(SOURCE),--source $(SOURCE))
 
-.PHONY: install build test test-slow golden schema lint bench clean
+.PHONY: install build test test-slow golden schema lint bench clean tables docs-image
 
 install: $(STAMP)
 
@@ -49,3 +49,12 @@ bench: install
 
 clean:
 	rm -rf build .pytest_cache
+
+# The measured tables of docs/ from docs/results/*.json (tests/docs/test_tables.py checks them).
+tables:
+	$(PYTHON) bench/tables.py
+
+# The README's picture: a sam3-tiny npu/w8a16 build, its `run` on a bundled photo.
+docs-image: install
+	$(BIN)/winml-recipes run recipes/sam3-tiny.yaml --device npu --precision w8a16 -o build/docs-run
+	$(BIN)/python -c "import pathlib, shutil; shutil.copy(next(pathlib.Path('build/docs-run').glob('*.png')), 'docs/images/run-sam3-tiny.png')"

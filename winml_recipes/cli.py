@@ -9,7 +9,9 @@ from typing import Any
 
 import click
 
+from winml_recipes.clihelp import LazyHelpOption
 from winml_recipes.sdk.errors import WinmlError
+from winml_recipes.tasks import task_help
 from winml_recipes.untrusted import printable
 
 EXIT_USER = 2
@@ -271,9 +273,8 @@ def plan(recipe, device, precision, ep, defines, catalog_dir, source, as_json) -
 @click.option(
     "--task",
     metavar="TASK",
-    help="With --onnx: the model's task, which picks the task metric verify judges it by "
-    "(image-classification, text-classification, feature-extraction, semantic-segmentation, "
-    "mask-generation, ...; default: guessed from the graph, else unknown).",
+    cls=LazyHelpOption,  # every registered task, listed when --help shows it
+    help_from=task_help,
 )
 @click.option(
     "--allow-calibration-overlap",

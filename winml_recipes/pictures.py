@@ -118,6 +118,15 @@ def _mask_component(build: BuildFolder) -> str | None:
     return None
 
 
+def _random_weights(build: BuildFolder) -> list[str]:
+    """A caption line for a random-weight stand-in: its picture shows agreement only."""
+    from winml_recipes.standin import random_weight_components
+
+    if not random_weight_components(build.manifest.get("catalog"), build.manifest.get("source")):
+        return []
+    return ["random weights (a stand-in): this shows agreement with float, not a real result"]
+
+
 def _ran(summary: dict[str, Any]) -> str:
     runs = summary.get("target_run", {})
     where = sorted({r["ran_on"] for r in runs.values()})
@@ -158,7 +167,7 @@ def draw_masks(
     _marks(photo_panel, about, scale)
     panels = [("photo + prompt", photo_panel)]
     target_title = f"target {build.target_label}"
-    caption = [f"{build.label}: target on {_ran(summary)}"]
+    caption = [f"{build.label}: target on {_ran(summary)}", *_random_weights(build)]
     if ref is not None:
         float_panel = _overlay(base, r_mask, FLOAT_RGB)
         target_panel = _overlay(base, t_mask, TARGET_RGB)
@@ -223,7 +232,7 @@ def draw_classes(
 
     t_top = _top5(target.outputs[component][output])
     panels = [("photo", base)]
-    caption = [f"{build.label}: target on {_ran(summary)}"]
+    caption = [f"{build.label}: target on {_ran(summary)}", *_random_weights(build)]
     if ref is not None:
         r_top = _top5(ref.outputs[component][output])
         panels.append(("float (CPU) top-5", _text_panel(names(r_top), base.height)))

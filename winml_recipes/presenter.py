@@ -14,6 +14,7 @@ from typing import Any
 from winml_recipes.sdk.errors import WinmlError
 from winml_recipes.sdk.gates import Gate
 from winml_recipes.sdk.records import Manifest, StepRecord
+from winml_recipes.standin import random_weights_note
 
 
 def summary_lines(manifest: Manifest, output_dir: Path | str) -> list[str]:
@@ -24,6 +25,9 @@ def summary_lines(manifest: Manifest, output_dir: Path | str) -> list[str]:
         f"built {m.recipe.name} for {m.target.device}/{m.target.precision}"
         f" in {m.wall_seconds or 0:.1f}s -> {output_dir}"
     ]
+    random = random_weights_note(m.catalog, m.source)
+    if random:
+        lines.append(f"  note: {random}")
     for name, comp in m.components.items():
         statuses = " ".join(f"{s.pass_name}:{s.status}" for s in comp.steps)
         size = (comp.artifact.size_bytes if comp.artifact else 0) / 1e6

@@ -31,6 +31,7 @@ from winml_recipes.safehtml import Markup
 from winml_recipes.safehtml import h as _h
 from winml_recipes.safehtml import join as _join
 from winml_recipes.sdk.ep import ran_on_name
+from winml_recipes.standin import random_weights_note
 
 REPORT = "report.html"
 ADHOC = "winml-adhoc-"  # the folder `build --onnx` generates its recipe in (api.build_onnx)
@@ -46,7 +47,7 @@ th{background:#f4f4f4} td:has(>span.num){text-align:right}
 .verdict.pass{background:#e3f6e8} .verdict.fail{background:#fde6e7}
 .verdict.none{background:#f0f0f0;color:#555}
 img.run{max-width:100%;border:1px solid #ddd} svg{background:#fff;border:1px solid #ddd}
-code{background:#f4f4f4;padding:0 3px}
+code{background:#f4f4f4;padding:0 3px} .random{background:#fff4d6;padding:6px 10px}
 """
 _STYLE_HASH = base64.b64encode(hashlib.sha256(CSS.encode("utf-8")).digest()).decode("ascii")
 CSP = (
@@ -366,6 +367,11 @@ def _picture_section(build: BuildFolder) -> Markup:
         )  # fmt: skip
     photo = Path(summary.get("image") or "photo").name
     notes = _join(_h("<li>{}</li>", n) for n in summary.get("notes", []))
+    if random_weights_note(build.manifest.get("catalog"), build.manifest.get("source")):
+        notes = _join([notes, _h(
+            "<li>The weights are random (a stand-in): this picture shows that the target "
+            "agrees with the float model, not what the real model sees.</li>"
+        )])  # fmt: skip
     data = base64.b64encode(png).decode("ascii")
     return _h(
         "<p>The last <code>winml-recipes run</code> of this build, on <code>{photo}</code>: "
@@ -557,6 +563,14 @@ def render(
         css = "none" if overall is None else ("pass" if overall else "fail")
         lead = _h('<p><span class="verdict {}">{}</span></p>', css, verdict)
     m = build.manifest
+    random = random_weights_note(m.get("catalog"), m.get("source"))
+    if random:
+        lead = _join(
+            [
+                lead,
+                _h('<p class="random"><strong>{}.</strong></p>', random[:1].upper() + random[1:]),
+            ]
+        )
     sections = [
         ("Verdicts and metrics", _verify_section(build)),
         ("Run on a held-out photo", _picture_section(build)),

@@ -129,3 +129,12 @@ def check_task(task: str) -> str:
     hint = f"did you mean {' or '.join(close)}? " if close else ""
     shown = repr(task) if task.strip() else "'' (empty)"
     raise RecipeError(f"--task {shown} is not a known task; {hint}known: {', '.join(known)}")
+
+
+def task_help() -> str:
+    """`build --task`'s help: every task a task metric judges (the registered plugins'),
+    and `unknown`, so a new metric's tasks show without editing the CLI."""
+    return (
+        "With --onnx: the model's task, which picks the task metric verify judges it by: "
+        f"{', '.join(known_tasks())} (default: guessed from the graph, else unknown)."
+    )
