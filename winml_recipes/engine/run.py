@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import time
@@ -19,6 +18,7 @@ from winml_recipes.engine.cache import StepCache, library_versions
 from winml_recipes.engine.identity import contract_key, identify
 from winml_recipes.engine.lock import exclusive
 from winml_recipes.engine.plan import ComponentPlan, Plan, PlannedStep
+from winml_recipes.finitejson import dumps_finite
 from winml_recipes.sdk.contract import IOContract
 from winml_recipes.sdk.errors import InternalError, PassError, WinmlError
 from winml_recipes.sdk.passes import model_file, pass_making, sample_inputs_of
@@ -258,7 +258,7 @@ def _assemble(
     components = {n: components[n] for n in order if n in components}
     manifest = replace(_manifest(plan, components, wall), **(failure or {"status": "ok"}))
     data = manifest.to_json()
-    (staging / MANIFEST).write_text(json.dumps(data, indent=2) + "\n")
+    (staging / MANIFEST).write_text(dumps_finite(data, MANIFEST, indent=2) + "\n")
     return data, models
 
 

@@ -23,7 +23,7 @@ from winml_recipes.sdk.errors import ExecutionProviderError, PassError
 from winml_recipes.untrusted import printable
 
 if TYPE_CHECKING:
-    from winml_recipes.onnx.split import Boundary, Part
+    from winml_recipes.onnx.split import Boundary, Part, Splitter
     from winml_recipes.sdk.ep import ExecutionProvider
 
 MOST_PARTS = 16
@@ -106,6 +106,8 @@ def _plan(
     if parts == 1 or (parts is None and (whole is None or limit is None or whole <= limit)):
         return SplitPlan((), (), whole, "")
     splitter = Splitter(model, boundary)
+    if parts is not None:
+        _check_cut_points(splitter, parts)
     counts = [parts] if parts is not None else range(2, MOST_PARTS + 1)
     for n in counts:
         if n > len(splitter.core):
@@ -129,6 +131,17 @@ def _plan(
         f"compile: no split into at most {MOST_PARTS} parts brings every part's preparation "
         f"estimate under {why_limit}; raise the budget or shrink the graph's largest tensors"
     )
+
+
+def _check_cut_points(splitter: Splitter, parts: int) -> None:
+    """`parts` needs parts - 1 places to cut; say how many the graph has when it has fewer."""
+    points = len(splitter.cut_points())
+    if parts - 1 > points:
+        raise PassError(
+            f"compile: parts: {parts} needs {parts - 1} cut points, but this graph has "
+            f"{points} (places between nodes that keep every Q/DQ pair whole); the largest "
+            f"parts value that works here is {points + 1}"
+        )
 
 
 def _limit(ep: ExecutionProvider, budget_mb: float | None) -> tuple[float | None, str]:
