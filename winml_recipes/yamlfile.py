@@ -136,9 +136,7 @@ def _is_finite_number(checker: Any, instance: Any) -> bool:
 # means a finite one, so no NaN/Infinity reaches a budget, a threshold or the manifest.
 FiniteValidator = jsonschema.validators.extend(
     jsonschema.Draft202012Validator,
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
-        "number", _is_finite_number
-    ),
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("number", _is_finite_number),
 )
 
 
