@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 import winml_recipes
-from winml_recipes.engine.cache import StepCache, library_versions
+from winml_recipes.engine.cache import LOCKS, StepCache, default_cache_dir, library_versions
 from winml_recipes.engine.identity import contract_key, identify
 from winml_recipes.engine.lock import exclusive
 from winml_recipes.engine.plan import ComponentPlan, Plan, PlannedStep
@@ -41,6 +41,7 @@ from winml_recipes.sdk.records import (
 from winml_recipes.sdk.types import StepContext, StepResult, UpstreamComponent
 
 MANIFEST = "manifest.json"
+OUTPUT_LOCKS = "outputs"  # <cache>/locks/outputs/: one lock per output folder
 GRAPH_DIGEST = "graph.yaml"
 # The float model each component's build was verified against, shipped beside the build
 # (not inside the component's deployable folder) so `run` and the report can compare with
@@ -317,13 +318,13 @@ def _note_evidence(
 def lock_path_for(out_dir: Path, what: str = "output") -> Path:
     """A lock per output directory, kept outside it so a failed build leaves nothing there:
     `output` guards writing the folder, `build` a whole build of the target (held by the
-    process that runs it while its steps run elsewhere)."""
+    process that runs it while its steps run elsewhere). Locks live in the cache folder
+    (the user's own, like everything else the tool keeps), never in a shared temp folder."""
     import hashlib
-    import tempfile
 
     key = hashlib.sha256(str(out_dir.resolve()).encode()).hexdigest()[:32]
     suffix = "" if what == "output" else f".{what}"
-    return Path(tempfile.gettempdir()) / "winml-recipes-locks" / f"{key}{suffix}.lock"
+    return default_cache_dir() / LOCKS / OUTPUT_LOCKS / f"{key}{suffix}.lock"
 
 
 def recover_output(out_dir: Path, wait_seconds: float = 600.0) -> None:
