@@ -367,14 +367,39 @@ def _restore_and_clean(out_dir: Path) -> None:
     failed = failed_dir_for(out_dir)
     for folder in (out_dir, failed):
         olds = sorted(
-            _leftovers(out_dir.parent, ".old", folder.name), key=lambda p: p.stat().st_mtime
+            _real_leftovers(out_dir.parent, ".old", folder.name),
+            key=lambda p: p.lstat().st_mtime,
         )
-        if not folder.exists() and olds:
+        if not folder.exists() and not folder.is_symlink() and olds:
             os.rename(olds.pop(), folder)
         for stale in olds:
             shutil.rmtree(stale, ignore_errors=True)
-    for stale in _leftovers(out_dir.parent, ".staging", out_dir.name):
+    for stale in _real_leftovers(out_dir.parent, ".staging", out_dir.name):
         shutil.rmtree(stale, ignore_errors=True)
+
+
+def _real_leftovers(parent: Path, kind: str, name: str) -> list[Path]:
+    """`_leftovers` that are real folders. Anything else by such a name (a link, a file:
+    none the tool makes) is removed itself, never followed: a planted `.old-*` link is not
+    put back as the output, and what it points to is not touched."""
+    out = []
+    for path in _leftovers(parent, kind, name):
+        if path.is_dir() and not path.is_symlink():
+            out.append(path)
+        else:
+            _remove_link(path)
+    return out
+
+
+def _remove_link(path: Path) -> None:
+    """Remove a link or file itself (a directory link on Windows goes with rmdir)."""
+    try:
+        path.unlink()
+    except (IsADirectoryError, PermissionError):
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+    except OSError:
+        pass
 
 
 def _leftovers(parent: Path, kind: str, name: str) -> list[Path]:
