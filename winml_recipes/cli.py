@@ -681,7 +681,7 @@ def inspect(model, as_json) -> None:
 
     shown, model = model, local_model_file(model)
 
-    proto = load_model(model, load_external_data=False)
+    proto = load_model(model, load_external_data=False, sidecars_required=True)
     digest = graph_digest(proto, base_dir=model.parent)
     if as_json:
         _echo_json(digest)
