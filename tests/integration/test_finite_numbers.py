@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import cli, make_mlp_project
@@ -119,3 +120,20 @@ def test_the_manifest_is_never_written_with_nan(tmp_path: Path) -> None:
 
 def _refuse(constant: str) -> None:
     pytest.fail(f"a JSON file holds {constant}")
+
+
+def test_depth_abs_rel_of_a_map_with_no_positive_depth_is_finite_and_fails() -> None:
+    """A float depth map with no pixel above zero (a random tiny head) and a target map that
+    differs: AbsRel was inf (written to the manifest as bare `Infinity`). It stays far past
+    the gate, and finite."""
+    import math
+
+    from winml_recipes.metrics.depth import DepthAgreement
+
+    ref = {"predicted_depth": -np.ones((1, 4, 4), np.float32)}
+    cand = {"predicted_depth": -2 * np.ones((1, 4, 4), np.float32)}
+    metric = DepthAgreement()
+    values = metric.values([ref], [cand])
+    assert math.isfinite(values["abs_rel_worst"]), values
+    assert values["abs_rel_worst"] > metric.gates["abs_rel_worst"].threshold * 1000
+    assert metric.values([ref], [ref])["abs_rel_worst"] == 0.0
