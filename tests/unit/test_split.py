@@ -152,6 +152,16 @@ def test_more_parts_than_cut_points_says_so_not_memory(tmp_path: Path) -> None:
     assert plan_split(path, PLUGIN, {}, largest, budget_mb=1e9).count == largest
     with pytest.raises(PassError, match=f"parts: {largest + 1} needs {largest} cut points"):
         plan_split(path, PLUGIN, {}, largest + 1, budget_mb=1e9)
+    # chosen by the budget: the graph runs out of cut points before MOST_PARTS, and says so
+    from dataclasses import replace
+
+    ep = _Steep(**{f: getattr(PLUGIN, f) for f in PLUGIN.__dataclass_fields__})
+    ep = replace(ep, key="qnn-htp-steep")
+    whole = plan_split(path, ep, {}, None, budget_mb=1e9).whole_mb
+    with pytest.raises(PassError, match=r"this graph has 4 cut points .+, so at most 5 parts, "
+                       r"and no split brings every part's preparation estimate under the "
+                       r"memory budget \d+ MB \(\d+ MB at 5 parts\)"):  # fmt: skip
+        plan_split(path, ep, {}, None, budget_mb=0.01 * whole)
 
 
 def test_cut_after_names_the_boundaries_and_refuses_a_float_one(tmp_path: Path) -> None:
