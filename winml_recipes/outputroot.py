@@ -58,3 +58,15 @@ def check_output_root(
             f"{shown}: {free / 2**20:,.0f} MB free on its disk, this needs about "
             f"{need / 2**20:,.0f} MB; free space or give a folder on another disk"
         )
+
+
+def check_output_file(path: Path | str, need_bytes: int, label: str = "-o") -> None:
+    """Refuse, in one line, an output file that is a folder, or whose folder is a file,
+    cannot be written, or has less than `need_bytes` free (the checks of check_output_root
+    on the folder it goes in)."""
+    path = Path(path)
+    if path.is_dir():
+        raise RecipeError(f"{label} {printable(path)}: is a folder; give a file name")
+    check_output_root(
+        path.parent, least_bytes=need_bytes, label=f"{label} {printable(path)}: its folder"
+    )

@@ -67,29 +67,46 @@ def test_run_output_that_is_a_file_is_one_line(built, tmp_path: Path) -> None:
     assert (tmp_path / "afile").read_text() == "mine"
 
 
+def _output_command(command: str, built, out: Path) -> list:
+    folder, npz = built
+    if command == "run":
+        return ["run", folder, "--npz", npz, "-o", out]
+    return ["dequantize", folder / "model" / "model.onnx", "-o", out / "d.onnx"]
+
+
+@pytest.mark.parametrize("command", ["run", "dequantize"])
 @pytest.mark.parametrize(
     ("options", "said"),
     [("size=1m", "MB free on its disk"), ("size=1m,ro", "cannot write in")],
     ids=["full", "read-only"],
 )
-def test_run_output_on_a_full_or_read_only_disk_is_one_line(
-    built, tmp_path: Path, options: str, said: str
+def test_output_on_a_full_or_read_only_disk_is_one_line(
+    built, tmp_path: Path, options: str, said: str, command: str
 ) -> None:
-    """Before: the cost line first, then `No space left on device` naming no file. A tmpfs
-    mount, which needs root (root writes through a chmod), as test_trust does."""
-    folder, npz = built
+    """Before: a progress line first (run's cost, dequantize's summary), then `No space left
+    on device` naming no file. A tmpfs mount, which needs root (root writes through a
+    chmod), as test_trust does; a 1 MB disk holds 1 MB - a little, under what either needs."""
     small = tmp_path / "small"
     small.mkdir()
+    if options == "size=1m":
+        options = "size=64k"  # dequantize needs about 1 MB: leave less
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(small)],
                              capture_output=True)  # fmt: skip
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small filesystem here: {mounted.stderr.decode()[:80]}")
     try:
-        line = _one_error_line(cli("run", folder, "--npz", npz, "-o", small / "r"))
-        assert said in line and f"-o {small / 'r'}" in line, line
+        args = _output_command(command, built, small / "r")
+        line = _one_error_line(cli(*args))
+        assert said in line and f"-o {args[-1]}" in line, line
         assert os.listdir(small) == []
     finally:
         subprocess.run(["umount", str(small)], check=True)
+
+
+def test_dequantize_output_that_is_a_folder_is_one_line(built, tmp_path: Path) -> None:
+    folder, _ = built
+    line = _one_error_line(cli("dequantize", folder / "model" / "model.onnx", "-o", tmp_path))
+    assert f"-o {tmp_path}: is a folder; give a file name" in line, line
 
 
 def _empty_pngs(folder: Path, count: int) -> None:
