@@ -152,6 +152,12 @@ def onnx_entry(
     return entry, dims
 
 
+def entry_name(text: str) -> str:
+    """A catalog/recipe name from a file or folder name: other characters become `-`, and
+    it starts with a letter or digit (`.hidden.onnx` is the entry `hidden`)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "-", text).lstrip("._-") or "model"
+
+
 def write_adhoc_project(
     model_path: Path,
     root: Path,
@@ -170,7 +176,7 @@ def write_adhoc_project(
     `calibration_data`, verification `eval_data` (never calibration samples; seeded
     synthetic inputs when none is given).
     """
-    name = re.sub(r"[^A-Za-z0-9._-]", "-", model_path.stem) or "model"
+    name = entry_name(model_path.stem)
     entry, _ = onnx_entry(model_path, name, shapes)
     specs = [
         TensorSpec(n, t["dtype"], tuple(t["shape"]))
@@ -453,7 +459,7 @@ def init_project(
             f"init: '{ref}' is a catalog name; give a local .onnx path, a Hub ONNX ref "
             "org/repo/path.onnx, an HF model id org/model or a local HF directory"
         )
-    name = name or re.sub(r"[^A-Za-z0-9._-]", "-", model_path.stem)
+    name = name or entry_name(model_path.stem)
     entry, dims = onnx_entry(model_path, name, {})
     source = {"ref": source_ref} | ({"revision": revision} if revision else {})
     entry["components"]["model"]["source"] = source
@@ -608,7 +614,7 @@ def _init_export_project(
             f"init: {printable(config_path)}: its fields do not describe a model's inputs and "
             f"outputs ({type(exc).__name__}: {printable(exc)[:160]}); fix or regenerate it"
         ) from None
-    default = re.sub(r"[^A-Za-z0-9._-]", "-", Path(ref.rstrip("/")).name) or "model"
+    default = entry_name(Path(ref.rstrip("/")).name)
     entry = {
         "schema_version": 1,
         "name": name or default,

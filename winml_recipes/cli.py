@@ -682,7 +682,7 @@ def inspect(model, as_json) -> None:
 
     shown, model = model, local_model_file(model)
 
-    proto = load_model(model, load_external_data=False)
+    proto = load_model(model, load_external_data=False, sidecars_required=True)
     digest = graph_digest(proto, base_dir=model.parent)
     if as_json:
         _echo_json(digest)
@@ -962,6 +962,7 @@ def dequantize(model, output, check, as_json) -> None:
     """
     from winml_recipes.hub import local_model_file
     from winml_recipes.onnx.io import load_model, save_model
+    from winml_recipes.outputroot import check_output_file
     from winml_recipes.quant.dequantize import dequantize_model
     from winml_recipes.sdk.errors import RecipeError
 
@@ -973,6 +974,8 @@ def dequantize(model, output, check, as_json) -> None:
         raise RecipeError("--check writes nothing: drop -o")
     if output is not None and output.resolve() == Path(model).resolve():
         raise RecipeError("-o must differ from the input model")
+    if output is not None:  # a folder, read-only or full: one line before any other
+        check_output_file(output, 2 * Path(model).stat().st_size + 2**20)
     float_model, report = dequantize_model(load_model(model))
     if as_json:
         _echo_json({"model": shown, **report.to_dict(), "summary": report.describe()})

@@ -39,7 +39,7 @@ import click
 @click.option(
     "-o",
     "--output",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=click.Path(path_type=Path),
     help="Folder for outputs.npz, summary.json and the PNG (default: BUILD/run).",
 )
 @click.option(

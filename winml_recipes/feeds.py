@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from winml_recipes.datafiles import (
+    folder_files,
     regular_file_inside,
     require_regular_file,
-    require_size_at_most,
 )
 from winml_recipes.images import MAX_IMAGE_BYTES, preprocess_image
 from winml_recipes.prompts import PROMPT_PLAN
@@ -303,13 +303,13 @@ def image_files(folder: str, base: Path) -> list[Path]:
     path = Path(folder) if Path(folder).is_absolute() else base / folder
     if not path.is_dir():
         raise PlanError(f"calibration.images: folder not found: {path}")
-    files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    # a link out of the folder (`a.png -> /proc/self/environ`) is refused unopened; sizes
+    # come from the listing, headers are read when an image is decoded
+    files = folder_files(
+        path, IMAGE_SUFFIXES, "calibration.images", MAX_IMAGE_BYTES, "use smaller images"
+    )
     if not files:
         raise PlanError(f"calibration.images: no image files in {printable(path)}")
-    for file in files:
-        # a link out of the folder (`a.png -> /proc/self/environ`) is refused unopened
-        regular_file_inside(path, file.name, "calibration.images")
-        require_size_at_most(file, MAX_IMAGE_BYTES, "calibration.images", "use smaller images")
     return files
 
 

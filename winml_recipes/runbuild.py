@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from winml_recipes.buildfolder import BuildFolder, open_build
+from winml_recipes.outputroot import check_output_root
 from winml_recipes.pipeline import PipelineRun, run_float, run_target
 from winml_recipes.prompts import (
     BOXES,
@@ -25,6 +26,7 @@ from winml_recipes.prompts import (
 from winml_recipes.safewrite import fresh_folder, save_fresh, write_fresh
 from winml_recipes.sdk.errors import RecipeError
 
+RUN_FREE_BYTES = 16 * 2**20  # outputs.npz, summary.json and a PNG
 SAMPLE_PHOTO = "rocket_0.jpg"  # the bundled held-out photo `run` and the report default to
 
 
@@ -220,6 +222,9 @@ def run_and_write(
     from winml_recipes.runcost import run_cost
 
     build = open_build(build_dir, contracts=True)
+    out = Path(output_dir) if output_dir else build.folder / "run"
+    # before any line is said: a file, read-only or full disk fails here, in one line
+    check_output_root(out, least_bytes=RUN_FREE_BYTES, label="-o" if output_dir else "run folder")
     inputs, about = prepare_inputs(
         build,
         Path(image) if image else None,
@@ -235,7 +240,7 @@ def run_and_write(
     about["notes"] += [f"{c}: ran on the CPU simulation (verify did too)" for c in cost.simulate]
     has_float = any(c.reference is not None for c in build.components)
     ref = run_float(build, inputs) if has_float else None
-    out = fresh_folder(Path(output_dir) if output_dir else build.folder / "run")
+    out = fresh_folder(out)
     summary: dict[str, Any] = {
         "build": str(build.folder),
         "target": dict(build.manifest["target"]),  # device, precision[, ep]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -125,9 +126,29 @@ def _line_for(loaded: LoadedYaml, path: JsonPath, prefer_key: bool = False) -> i
     return loaded.lines.get(path, 1)
 
 
+def _is_finite_number(checker: Any, instance: Any) -> bool:
+    """JSON Schema's `number`, without YAML's .nan and .inf (JSON has no such numbers)."""
+    number = jsonschema.Draft202012Validator.TYPE_CHECKER.is_type(instance, "number")
+    return number and (not isinstance(instance, float) or math.isfinite(instance))
+
+
+# The validator every recipe, catalog entry and config is checked with: `type: number`
+# means a finite one, so no NaN/Infinity reaches a budget, a threshold or the manifest.
+FiniteValidator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("number", _is_finite_number),
+)
+
+
+def _is_nonfinite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
 def _message(err: jsonschema.ValidationError) -> tuple[str, JsonPath, bool]:
     """A readable message, the path it belongs to, and whether to point at a key."""
     path: JsonPath = tuple(err.absolute_path)
+    if _is_nonfinite(err.instance):
+        return f"{err.instance} is not a finite number; give a finite value", path, False
     if err.validator == "additionalProperties" and isinstance(err.instance, dict):
         allowed = list(err.schema.get("properties", {}))
         extra = [k for k in err.instance if k not in allowed]
@@ -152,7 +173,7 @@ def _message(err: jsonschema.ValidationError) -> tuple[str, JsonPath, bool]:
 
 def validate(loaded: LoadedYaml, schema: dict, filename: str, error: type[WinmlError]) -> None:
     """Validate against a JSON Schema; raise the first error as `FILE:LINE: path: message`."""
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = FiniteValidator(schema)
     errors = sorted(validator.iter_errors(loaded.data), key=_error_order)
     if not errors:
         return
@@ -181,6 +202,10 @@ def _error_order(err: jsonschema.ValidationError) -> tuple:
 def _deepest(err: jsonschema.ValidationError) -> jsonschema.ValidationError:
     """For combinators (anyOf/oneOf), report the most specific sub-error."""
     if err.context:
+        # A non-finite number is the cause wherever it sits (not the branch it missed).
+        nonfinite = [e for e in err.context if _is_nonfinite(e.instance)]
+        if nonfinite:
+            return _deepest(nonfinite[0])
         # A value of the right type that breaks a bound says more than "not a string" from
         # the branch it was never meant for (0 in [int >= 1 | name]).
         right_type = [e for e in err.context if e.validator != "type"]

@@ -32,3 +32,26 @@ def test_a_sweep_leaves_a_running_build_of_a_longer_named_target_alone(tmp_path:
     assert not own_stale.exists()
     assert (recipe_dir / "npu-uint8" / "model").is_dir()  # its interrupted swap put back
     assert not own_old.exists()
+
+
+def test_stale_old_links_are_swept_never_followed_nor_put_back(tmp_path: Path) -> None:
+    """`.old-<target>-<pid>` links (a planted one, a dangling one) next to a target with no
+    output: removed themselves; the folder one points at is untouched and does not become
+    the output (rmtree refuses a link, so they were never swept, and the newest was renamed
+    into place as the output)."""
+    recipe_dir = tmp_path / "mlp"
+    recipe_dir.mkdir()
+    elsewhere = tmp_path / "users-folder"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("mine")
+    planted = recipe_dir / ".old-cpu-fp32-4242"
+    planted.symlink_to(elsewhere, target_is_directory=True)
+    dangling = recipe_dir / ".old-cpu-fp32-4243"
+    dangling.symlink_to(tmp_path / "gone", target_is_directory=True)
+    failed_link = recipe_dir / ".old-cpu-fp32.failed-4244"
+    failed_link.symlink_to(elsewhere, target_is_directory=True)
+    staging_link = recipe_dir / ".staging-cpu-fp32-4245"
+    staging_link.symlink_to(elsewhere, target_is_directory=True)
+    recover_output(recipe_dir / "cpu-fp32")
+    assert sorted(p.name for p in recipe_dir.iterdir()) == []
+    assert (elsewhere / "keep.txt").read_text() == "mine"

@@ -4,6 +4,7 @@ sequence equal the whole graph on the CPU EP, and the memory budget decides the 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,6 +132,36 @@ def test_the_budget_decides_how_many_parts(tmp_path: Path) -> None:
     assert asked.count == 3 and asked.why == "parts: 3 asked"
     with pytest.raises(PassError, match="no split into at most"):
         plan_split(path, ep, {}, None, budget_mb=0.01 * whole.whole_mb)  # one block exceeds it
+
+
+def test_more_parts_than_cut_points_says_so_not_memory(tmp_path: Path) -> None:
+    """parts: 16 on a graph of 12 core nodes: the error counts the places a cut may take and
+    names the largest parts value that works (it blamed the memory budget before)."""
+    path = tmp_path / "chain.onnx"
+    onnx.save(_chain(blocks=2), path)
+    with pytest.raises(PassError) as caught:
+        plan_split(path, PLUGIN, {}, 16, budget_mb=1e9)
+    message = str(caught.value)
+    assert "memory" not in message and "budget" not in message, message
+    found = re.search(r"this graph has (\d+) \(.+\); the largest parts value that works here "
+                      r"is (\d+)$", message)  # fmt: skip
+    assert found, message
+    points, largest = map(int, found.groups())
+    # in each block a cut may follow the input's Q and the MatMul's Q: 2 per block
+    assert points == 4 and largest == 5
+    assert plan_split(path, PLUGIN, {}, largest, budget_mb=1e9).count == largest
+    with pytest.raises(PassError, match=f"parts: {largest + 1} needs {largest} cut points"):
+        plan_split(path, PLUGIN, {}, largest + 1, budget_mb=1e9)
+    # chosen by the budget: the graph runs out of cut points before MOST_PARTS, and says so
+    from dataclasses import replace
+
+    ep = _Steep(**{f: getattr(PLUGIN, f) for f in PLUGIN.__dataclass_fields__})
+    ep = replace(ep, key="qnn-htp-steep")
+    whole = plan_split(path, ep, {}, None, budget_mb=1e9).whole_mb
+    with pytest.raises(PassError, match=r"this graph has 4 cut points .+, so at most 5 parts, "
+                       r"and no split brings every part's preparation estimate under the "
+                       r"memory budget \d+ MB \(\d+ MB at 5 parts\)"):  # fmt: skip
+        plan_split(path, ep, {}, None, budget_mb=0.01 * whole)
 
 
 def test_cut_after_names_the_boundaries_and_refuses_a_float_one(tmp_path: Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import time
@@ -16,10 +15,11 @@ import yaml
 
 import winml_recipes
 from winml_recipes.copyfile import copy_unshared
-from winml_recipes.engine.cache import StepCache, library_versions
+from winml_recipes.engine.cache import LOCKS, StepCache, default_cache_dir, library_versions
 from winml_recipes.engine.identity import contract_key, identify
 from winml_recipes.engine.lock import exclusive
 from winml_recipes.engine.plan import ComponentPlan, Plan, PlannedStep
+from winml_recipes.finitejson import dumps_finite
 from winml_recipes.sdk.contract import IOContract
 from winml_recipes.sdk.errors import InternalError, PassError, WinmlError
 from winml_recipes.sdk.passes import model_file, pass_making, sample_inputs_of
@@ -42,6 +42,7 @@ from winml_recipes.sdk.records import (
 from winml_recipes.sdk.types import StepContext, StepResult, UpstreamComponent
 
 MANIFEST = "manifest.json"
+OUTPUT_LOCKS = "outputs"  # <cache>/locks/outputs/: one lock per output folder
 GRAPH_DIGEST = "graph.yaml"
 # The float model each component's build was verified against, shipped beside the build
 # (not inside the component's deployable folder) so `run` and the report can compare with
@@ -259,7 +260,7 @@ def _assemble(
     components = {n: components[n] for n in order if n in components}
     manifest = replace(_manifest(plan, components, wall), **(failure or {"status": "ok"}))
     data = manifest.to_json()
-    (staging / MANIFEST).write_text(json.dumps(data, indent=2) + "\n")
+    (staging / MANIFEST).write_text(dumps_finite(data, MANIFEST, indent=2) + "\n")
     return data, models
 
 
@@ -318,13 +319,13 @@ def _note_evidence(
 def lock_path_for(out_dir: Path, what: str = "output") -> Path:
     """A lock per output directory, kept outside it so a failed build leaves nothing there:
     `output` guards writing the folder, `build` a whole build of the target (held by the
-    process that runs it while its steps run elsewhere)."""
+    process that runs it while its steps run elsewhere). Locks live in the cache folder
+    (the user's own, like everything else the tool keeps), never in a shared temp folder."""
     import hashlib
-    import tempfile
 
     key = hashlib.sha256(str(out_dir.resolve()).encode()).hexdigest()[:32]
     suffix = "" if what == "output" else f".{what}"
-    return Path(tempfile.gettempdir()) / "winml-recipes-locks" / f"{key}{suffix}.lock"
+    return default_cache_dir() / LOCKS / OUTPUT_LOCKS / f"{key}{suffix}.lock"
 
 
 def recover_output(out_dir: Path, wait_seconds: float = 600.0) -> None:
@@ -367,14 +368,39 @@ def _restore_and_clean(out_dir: Path) -> None:
     failed = failed_dir_for(out_dir)
     for folder in (out_dir, failed):
         olds = sorted(
-            _leftovers(out_dir.parent, ".old", folder.name), key=lambda p: p.stat().st_mtime
+            _real_leftovers(out_dir.parent, ".old", folder.name),
+            key=lambda p: p.lstat().st_mtime,
         )
-        if not folder.exists() and olds:
+        if not folder.exists() and not folder.is_symlink() and olds:
             os.rename(olds.pop(), folder)
         for stale in olds:
             shutil.rmtree(stale, ignore_errors=True)
-    for stale in _leftovers(out_dir.parent, ".staging", out_dir.name):
+    for stale in _real_leftovers(out_dir.parent, ".staging", out_dir.name):
         shutil.rmtree(stale, ignore_errors=True)
+
+
+def _real_leftovers(parent: Path, kind: str, name: str) -> list[Path]:
+    """`_leftovers` that are real folders. Anything else by such a name (a link, a file:
+    none the tool makes) is removed itself, never followed: a planted `.old-*` link is not
+    put back as the output, and what it points to is not touched."""
+    out = []
+    for path in _leftovers(parent, kind, name):
+        if path.is_dir() and not path.is_symlink():
+            out.append(path)
+        else:
+            _remove_link(path)
+    return out
+
+
+def _remove_link(path: Path) -> None:
+    """Remove a link or file itself (a directory link on Windows goes with rmdir)."""
+    try:
+        path.unlink()
+    except (IsADirectoryError, PermissionError):
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+    except OSError:
+        pass
 
 
 def _leftovers(parent: Path, kind: str, name: str) -> list[Path]:

@@ -38,12 +38,15 @@ def sidecar_paths(model_path: Path) -> list[Path]:
     return check_external_data(proto, model_path)
 
 
-def check_external_data(proto: onnx.ModelProto, model_path: Path) -> list[Path]:
+def check_external_data(
+    proto: onnx.ModelProto, model_path: Path, *, missing_ok: bool = True
+) -> list[Path]:
     """The sidecars `proto` references, each a regular file inside the model's folder.
 
     A location that is absolute, escapes the folder (`..`, or a symlink resolving outside
     it), is not a regular file, or is shorter than the tensors it should hold raises a
-    one-line ModelFileError before anything opens it. Returns the existing sidecars, sorted.
+    one-line ModelFileError before anything opens it; so does a missing one unless
+    `missing_ok`. Returns the existing sidecars, sorted.
     """
     folder = model_path.parent.resolve()
     found: dict[str, Path] = {}
@@ -70,7 +73,13 @@ def check_external_data(proto: onnx.ModelProto, model_path: Path) -> list[Path]:
         try:
             mode = os.stat(target).st_mode
         except OSError:
-            continue  # missing: onnx reports it when the data is loaded
+            if missing_ok:
+                continue  # missing: onnx reports it when the data is loaded
+            raise ModelFileError(
+                f"external data {location!r} is missing (the model keeps its weights there); "
+                "put it beside the model",
+                where=where,
+            ) from None
         if not stat.S_ISREG(mode):
             raise ModelFileError(f"external data {location!r} is not a regular file", where=where)
         try:
@@ -214,14 +223,17 @@ def _all_tensors(graph: onnx.GraphProto):
                     yield from _all_tensors(g)
 
 
-def load_model(path: Path | str, *, load_external_data: bool = True) -> onnx.ModelProto:
-    """Load an ONNX model or raise a one-line `ModelFileError` naming the file."""
+def load_model(
+    path: Path | str, *, load_external_data: bool = True, sidecars_required: bool = False
+) -> onnx.ModelProto:
+    """Load an ONNX model or raise a one-line `ModelFileError` naming the file
+    (`sidecars_required`: its external data files must exist even when not loaded)."""
     path = Path(path)
     check_regular_file(path)
     try:
         model = onnx.load(str(path), load_external_data=False)
         check_structure(model, path)
-        check_external_data(model, path)
+        check_external_data(model, path, missing_ok=not (load_external_data or sidecars_required))
         if load_external_data:
             from onnx.external_data_helper import load_external_data_for_model
 

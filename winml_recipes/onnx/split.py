@@ -246,6 +246,10 @@ class Splitter:
             out.append(total)
         return out
 
+    def cut_points(self) -> list[int]:
+        """Core positions a cut may take: between two core nodes, every Q/DQ unit whole."""
+        return [k for k in range(1, len(self.core)) if self.valid(k)]
+
     def choose_cuts(self, parts: int) -> list[int]:
         """Core positions of `parts - 1` cuts: near equal shares of cost, fewest crossing
         tensors within the window around each share (ties: a place between transformer
@@ -260,7 +264,7 @@ class Splitter:
         window = max(1, int(WINDOW * n))
         carried = self._counts()[0]
         blocks = set(self.block_boundaries())  # between transformer blocks: preferred
-        valid = [k for k in range(1, n) if self.valid(k)]
+        valid = self.cut_points()
         if len(valid) < parts - 1:
             raise ValueError(f"{len(valid)} places keep Q/DQ pairs whole, {parts - 1} cuts asked")
         cuts: list[int] = []

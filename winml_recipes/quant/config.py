@@ -136,7 +136,7 @@ class QuantizeOptions:
     )
     calibration: CalibrationConfig | None = None
     algorithms: (
-        Annotated[tuple[Algorithm, ...], Schema(minItems=1, uniqueItems=True)]
+        Annotated[tuple[Algorithm, ...], Schema(uniqueItems=True)]
         | Literal["auto"]
         | AlgorithmsAuto
         | None
@@ -304,7 +304,7 @@ def resolve(options: QuantizeOptions, target: Target) -> QuantConfig:
 
 def _algorithms(options: QuantizeOptions, mode: str) -> dict[str, Any]:
     chosen = options.algorithms
-    if chosen is None:
+    if not chosen:  # None, or [] (auto off, as the presets document)
         return {}
     if mode != "static":
         raise PlanError(

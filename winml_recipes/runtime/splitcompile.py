@@ -23,7 +23,7 @@ from winml_recipes.sdk.errors import ExecutionProviderError, PassError
 from winml_recipes.untrusted import printable
 
 if TYPE_CHECKING:
-    from winml_recipes.onnx.split import Boundary, Part
+    from winml_recipes.onnx.split import Boundary, Part, Splitter
     from winml_recipes.sdk.ep import ExecutionProvider
 
 MOST_PARTS = 16
@@ -106,10 +106,13 @@ def _plan(
     if parts == 1 or (parts is None and (whole is None or limit is None or whole <= limit)):
         return SplitPlan((), (), whole, "")
     splitter = Splitter(model, boundary)
-    counts = [parts] if parts is not None else range(2, MOST_PARTS + 1)
+    if parts is not None:
+        _check_cut_points(splitter, parts)
+    points = len(splitter.cut_points())
+    most = min(MOST_PARTS, points + 1)
+    counts = [parts] if parts is not None else range(2, most + 1)
+    largest: float | None = None  # the largest part's estimate at the most parts tried
     for n in counts:
-        if n > len(splitter.core):
-            break
         try:
             made = splitter.parts(splitter.choose_cuts(n))
         except ValueError as exc:
@@ -118,6 +121,7 @@ def _plan(
             break  # no more places to cut
         # a part's own inputs are sized by shape inference (fix_shapes made them static)
         costs = [_estimate(p.model, ep, shape_map) or 0.0 for p in made]
+        largest = max(costs)
         if parts is not None or max(costs) <= (limit or float("inf")):
             why = (
                 f"parts: {parts} asked"
@@ -125,10 +129,29 @@ def _plan(
                 else f"the whole graph's preparation estimate {whole:.0f} MB exceeds {why_limit}"
             )
             return SplitPlan(tuple(made), tuple(costs), whole, why)
+    if most < MOST_PARTS:  # the graph ran out of places to cut before the count did
+        at_most = f" ({largest:.0f} MB at {most} parts)" if largest is not None else ""
+        raise PassError(
+            f"compile: this graph has {points} cut points (places between nodes that keep "
+            f"every Q/DQ pair whole), so at most {most} parts, and no split brings every "
+            f"part's preparation estimate under {why_limit}{at_most}; raise the budget or "
+            "shrink the graph's largest tensors"
+        )
     raise PassError(
         f"compile: no split into at most {MOST_PARTS} parts brings every part's preparation "
         f"estimate under {why_limit}; raise the budget or shrink the graph's largest tensors"
     )
+
+
+def _check_cut_points(splitter: Splitter, parts: int) -> None:
+    """`parts` needs parts - 1 places to cut; say how many the graph has when it has fewer."""
+    points = len(splitter.cut_points())
+    if parts - 1 > points:
+        raise PassError(
+            f"compile: parts: {parts} needs {parts - 1} cut points, but this graph has "
+            f"{points} (places between nodes that keep every Q/DQ pair whole); the largest "
+            f"parts value that works here is {points + 1}"
+        )
 
 
 def _limit(ep: ExecutionProvider, budget_mb: float | None) -> tuple[float | None, str]:
