@@ -102,6 +102,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "winml_recipes.console",
             "winml_recipes.data",
             "winml_recipes.datafiles",
+            "winml_recipes.finitejson",
             "winml_recipes.hub",
             "winml_recipes.hubguard",
             "winml_recipes.images",
@@ -112,8 +113,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "winml_recipes.presets",
             "winml_recipes.prompts",
             "winml_recipes.report_svg",
+            "winml_recipes.safehtml",
             "winml_recipes.sources",
             "winml_recipes.speech",
+            "winml_recipes.standin",
             "winml_recipes.tasks",
             "winml_recipes.untrusted",
             "winml_recipes.yamlfile",
@@ -157,7 +160,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "winml_recipes.runbuild",
         ),
     ),
-    ("cli", ("winml_recipes.cli", "winml_recipes.__main__")),
+    ("cli", ("winml_recipes.cli", "winml_recipes.clihelp", "winml_recipes.__main__")),
 ]
 
 
