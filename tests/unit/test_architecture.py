@@ -100,6 +100,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "winml_recipes.bundled",
             "winml_recipes.console",
+            "winml_recipes.copyfile",
             "winml_recipes.data",
             "winml_recipes.datafiles",
             "winml_recipes.finitejson",
@@ -114,6 +115,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "winml_recipes.prompts",
             "winml_recipes.report_svg",
             "winml_recipes.safehtml",
+            "winml_recipes.safewrite",
             "winml_recipes.sources",
             "winml_recipes.speech",
             "winml_recipes.standin",
