@@ -4,6 +4,7 @@ hidden in a function still couples the two modules). `if TYPE_CHECKING:` blocks 
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 from tests.conftest import REPO
@@ -21,6 +22,13 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    return {m for m in _imported_names(path, path.read_text(encoding="utf-8")) if m in modules}
+
+
+@cache
+def _imported_names(path: Path, text: str) -> frozenset[str]:
+    """Every name an import of `text` (the source of `path`) may bind, inside functions too;
+    parsed once per source for all the tests here."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
@@ -34,8 +42,8 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
         for child in ast.iter_child_nodes(node):
             visit(child)
 
-    visit(ast.parse(path.read_text(encoding="utf-8")))
-    return {m for m in found if m in modules}
+    visit(ast.parse(text))
+    return frozenset(found)
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
