@@ -41,8 +41,8 @@ schema: install
 	$(BIN)/winml-recipes schema --write --dir winml_recipes/data/schemas
 
 lint: install
-	$(BIN)/ruff check winml_recipes tests bench
-	$(BIN)/ruff format --check winml_recipes tests bench
+	$(BIN)/ruff check winml_recipes tests bench experiments
+	$(BIN)/ruff format --check winml_recipes tests bench experiments
 
 bench: install
 	$(BIN)/python bench/run.py

@@ -107,7 +107,7 @@ def write_project(root: Path, model: Path, name: str, algorithms: list[str] | No
 
 
 def run(side: int, model: Path | None, cap_gb: float | None, variants: list[str]) -> dict:
-    from htp_prepare_memory import _python
+    from capped import capped_python as _python
 
     cap_mb = cap_gb * 1024 if cap_gb else None
     with tempfile.TemporaryDirectory(prefix="winml-bench-algomem-") as tmp:

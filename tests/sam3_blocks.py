@@ -4,7 +4,7 @@ random weights: one ViT block (global or windowed attention) or sam3-mid's visio
 or ("mid") sam3-mid's vision encoder as this tool's exporter writes it (1008 px, batch
 dynamic: the build's fix_shapes makes it 1).
 
-Used by bench/htp_prepare_memory.py and tests/integration/test_chunked_attention_htp.py.
+Used by experiments/htp_prepare_memory.py and tests/integration/test_chunked_attention_htp.py.
 """
 
 from __future__ import annotations

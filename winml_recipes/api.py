@@ -288,6 +288,7 @@ def compare(
     import tempfile
 
     from winml_recipes.buildfolder import find_component, float_reference, verify_upstream
+    from winml_recipes.compare_inputs import compare_contract
     from winml_recipes.feeds import (
         bundled_audio_input,
         bundled_image_input,
@@ -299,7 +300,6 @@ def compare(
     )
     from winml_recipes.hub import local_model_file
     from winml_recipes.presets import resolve_target
-    from winml_recipes.quant.compare_inputs import compare_contract
     from winml_recipes.quant.divergence import compare_tensors, first_divergence, rank_by_loss
     from winml_recipes.sdk.errors import RecipeError, WinmlError
 

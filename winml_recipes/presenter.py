@@ -3,7 +3,7 @@
 Each line follows from what a step's record holds (a calibration source, where it was
 verified, gates, torch parity, compiled artifacts, a skip reason), never from the name of
 the pass that wrote it: a third-party pass that records the same facts is shown alike.
-cli.py parses arguments and prints these lines.
+cli/build.py parses arguments and prints these lines.
 """
 
 from __future__ import annotations

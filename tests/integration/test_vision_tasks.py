@@ -160,7 +160,7 @@ HTP_CASES = [
 def test_family_builds_on_htp_judged_by_its_task_metric(arch, tmp_path, monkeypatch) -> None:
     """npu/w8a16 on QNN HTP (CPU fallback off) from `init`'s recipe; the task metric on
     the target holds its gates and is recorded beside the CPU simulation's."""
-    from winml_recipes.sdk.runtime import availability
+    from winml_recipes.services.runtime import availability
 
     if not availability("qnn-htp").available:
         pytest.skip("QNN HTP cannot load on this host")

@@ -14,7 +14,7 @@ from winml_recipes.sdk.passes import Pass, describe_support, get_pass, pass_maki
 from winml_recipes.sdk.target import Target
 from winml_recipes.sdk.types import ModelFacts, PlanContext, Source
 
-# The standalone command (cli.py) that rewrites a quantized file into float; a command, not
+# The standalone command (cli/models.py) that rewrites a quantized file into float; a command, not
 # a pass: the passes a hint names come from what they declare (`Pass.makes`).
 DEQUANTIZE_COMMAND = "winml-recipes dequantize"
 

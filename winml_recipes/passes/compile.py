@@ -90,7 +90,7 @@ class CompilePass(Pass[CompileConfig]):
     uses_contract = True
 
     def skip_reason(self, facts: ModelFacts, config: CompileConfig, target: Target) -> str | None:
-        from winml_recipes.sdk.runtime import provider_for
+        from winml_recipes.services.runtime import provider_for
 
         ep = provider_for(target)
         if ep.is_cpu:
@@ -103,13 +103,13 @@ class CompilePass(Pass[CompileConfig]):
         self, src: Path, config: CompileConfig, inputs: EstimateInputs
     ) -> MemoryEstimate | None:
         from winml_recipes.sdk.estimates import MemoryEstimate
-        from winml_recipes.sdk.memory import (
+        from winml_recipes.services.memory import (
             forward_estimate,
             larger,
             preparation_estimate,
             quantized_later,
         )
-        from winml_recipes.sdk.runtime import provider_for
+        from winml_recipes.services.runtime import provider_for
 
         ep = provider_for(inputs.target)
         if quantized_later(src, inputs.target):  # checked on the QDQ graph when it runs
@@ -138,12 +138,12 @@ class CompilePass(Pass[CompileConfig]):
         return True  # with CPU fallback off
 
     def key_material(self, config: CompileConfig, ctx: StepContext) -> Any:
-        from winml_recipes.sdk.runtime import identity, provider_for
+        from winml_recipes.services.runtime import identity, provider_for
 
         ep = provider_for(ctx.target)
         key: dict[str, Any] = {"execution_provider": identity(ep.key)}
         if ctx.input_model is not None and ep.compiles is not None:
-            from winml_recipes.sdk.runtime import SPLIT_VERSION
+            from winml_recipes.services.runtime import SPLIT_VERSION
 
             # the budget decides the part count: the count (not the budget) is in the key
             try:
@@ -157,14 +157,14 @@ class CompilePass(Pass[CompileConfig]):
     def run(
         self, src: Path | None, out_dir: Path, config: CompileConfig, ctx: StepContext
     ) -> StepResult:
-        from winml_recipes.sdk.runtime import (
+        from winml_recipes.services.runtime import (
             compile_epcontext,
             explain,
             open_session,
             provider_for,
             skip_if_unavailable,
         )
-        from winml_recipes.sdk.samples import synthetic, take
+        from winml_recipes.services.samples import synthetic, take
 
         assert src is not None
         ep = provider_for(ctx.target)
@@ -211,11 +211,11 @@ class CompilePass(Pass[CompileConfig]):
 
 def _split_plan(src: Path, config: CompileConfig, ep: Any, contract: Any, budget_mb: Any) -> Any:
     """The parts this compile makes (count 0: the graph is compiled whole)."""
-    from winml_recipes.sdk.memory import contract_shapes, resolve_budget
-    from winml_recipes.sdk.runtime import plan_split
+    from winml_recipes.services.memory import contract_shapes, resolve_budget
+    from winml_recipes.services.runtime import plan_split
 
     if ep.compiles is None:
-        from winml_recipes.sdk.runtime import SplitPlan
+        from winml_recipes.services.runtime import SplitPlan
 
         return SplitPlan((), (), None, "")
     budget = budget_mb if budget_mb is not None else resolve_budget(None)
@@ -239,12 +239,12 @@ def _run_split(
 ) -> StepResult:
     """Compile `split`'s parts into one stitched model_ctx.onnx; compare it with the
     uncompiled parts run one after another on the EP (the whole graph may not prepare)."""
-    from winml_recipes.sdk.runtime import (
+    from winml_recipes.services.runtime import (
         compile_parts,
         open_session,
         part_models,
     )
-    from winml_recipes.sdk.samples import synthetic, take
+    from winml_recipes.services.samples import synthetic, take
 
     compiled = out_dir / COMPILED
     device = ctx.target.device
@@ -298,7 +298,7 @@ def _loaded_back(
     node placed there), not run; the record says so."""
     import time
 
-    from winml_recipes.sdk.runtime import open_session
+    from winml_recipes.services.runtime import open_session
 
     started = time.perf_counter()
     open_session(out_dir / COMPILED, ep.key, fallback=False, device=device)
@@ -314,7 +314,7 @@ def _agreement(
     before: list[dict[str, Any]], after: list[dict[str, Any]], samples: int, **extra: Any
 ) -> dict[str, Any]:
     """The compiled model's outputs (`after`) against the uncompiled ones (`before`)."""
-    from winml_recipes.sdk.runtime import compare_runs
+    from winml_recipes.services.runtime import compare_runs
 
     max_abs = max(m["max_abs"] for m in compare_runs(before, after).values())
     return {"max_abs": max_abs, "bit_exact": max_abs == 0.0, "samples": samples, **extra}
@@ -329,7 +329,7 @@ def _record(
 ) -> StepResult:
     """The step's result: model_ctx.onnx first among the files in `out_dir`, the EP and
     its options, then `fields` (whole graph, split or loaded back) in their order."""
-    from winml_recipes.sdk.runtime import identity
+    from winml_recipes.services.runtime import identity
 
     artifacts = sorted(p.name for p in out_dir.iterdir() if p.is_file())
     artifacts.remove(COMPILED)
@@ -347,7 +347,7 @@ def _record(
 
 
 def _graph_outputs(path: Path) -> list[str]:
-    from winml_recipes.sdk.models import load_model
+    from winml_recipes.services.models import load_model
 
     return [o.name for o in load_model(path, load_external_data=False).graph.output]
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from winml_recipes.sdk.memory import RewritesGraph
 from winml_recipes.sdk.passes import Pass, model_file, register
 from winml_recipes.sdk.target import Target
 from winml_recipes.sdk.types import ModelFacts, StepContext, StepResult
+from winml_recipes.services.memory import RewritesGraph
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class DequantizePass(RewritesGraph, Pass[DequantizeConfig]):
         self, src: Path | None, out_dir: Path, config: DequantizeConfig, ctx: StepContext
     ) -> StepResult:
         from winml_recipes.quant.dequantize import dequantize_model
-        from winml_recipes.sdk.models import load_model, save_model
+        from winml_recipes.services.models import load_model, save_model
 
         assert src is not None
         model, report = dequantize_model(load_model(src))

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from winml_recipes.sdk.config import option
 from winml_recipes.sdk.errors import PassError
-from winml_recipes.sdk.models import TOOL_VERSION as __version__
 from winml_recipes.sdk.passes import Pass, model_file, register
 from winml_recipes.sdk.target import Target
 from winml_recipes.sdk.types import ModelFacts, StepContext, StepResult
+from winml_recipes.services.models import TOOL_VERSION as __version__
 
 # onnxruntime must reproduce torch on the (batch-2) trace inputs at least this closely.
 MIN_PARITY_SQNR_DB = 60.0
@@ -53,7 +53,7 @@ class ExportPass(Pass[ExportConfig]):
         import winml_recipes.exporters.auto
         import winml_recipes.exporters.sam  # noqa: F401
         from winml_recipes.exporters import ExportRequest, export_with_parity
-        from winml_recipes.sdk.models import save_model, write_stamp
+        from winml_recipes.services.models import save_model, write_stamp
 
         spec = ctx.source.export
         if spec is None:

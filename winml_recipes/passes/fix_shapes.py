@@ -9,10 +9,10 @@ from typing import Annotated
 
 from winml_recipes.sdk.config import Schema, option
 from winml_recipes.sdk.errors import PassError
-from winml_recipes.sdk.memory import RewritesGraph
 from winml_recipes.sdk.passes import Pass, model_file, register
 from winml_recipes.sdk.target import Target
 from winml_recipes.sdk.types import ModelFacts, StepContext, StepResult
+from winml_recipes.services.memory import RewritesGraph
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class FixShapesPass(RewritesGraph, Pass[FixShapesConfig]):
         import onnx
         from onnxruntime.tools.onnx_model_utils import make_dim_param_fixed
 
-        from winml_recipes.sdk.models import load_model, save_model
+        from winml_recipes.services.models import load_model, save_model
 
         assert src is not None
         model = load_model(src)
@@ -86,7 +86,7 @@ def _dims_by_position(model, ctx: StepContext, values: dict[str, int]) -> dict[s
     so names need not agree. Two positions giving one model dim different values is an error.
     """
     from winml_recipes.sdk.contract import resolve_shape
-    from winml_recipes.sdk.models import names_one_dim
+    from winml_recipes.services.models import names_one_dim
 
     out: dict[str, int] = {}
     for vi in model.graph.input:

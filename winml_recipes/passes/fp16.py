@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from winml_recipes.sdk.config import option
-from winml_recipes.sdk.memory import RewritesGraph
 from winml_recipes.sdk.passes import Pass, model_file, register
-from winml_recipes.sdk.presets import precisions_of_kind
 from winml_recipes.sdk.target import Target
 from winml_recipes.sdk.types import ModelFacts, StepContext, StepResult
+from winml_recipes.services.memory import RewritesGraph
+from winml_recipes.services.presets import precisions_of_kind
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Fp16Pass(RewritesGraph, Pass[Fp16Config]):
             convert_float_to_float16,
         )
 
-        from winml_recipes.sdk.models import load_model, save_model
+        from winml_recipes.services.models import load_model, save_model
 
         assert src is not None
         model = load_model(src)

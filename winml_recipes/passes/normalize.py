@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Literal
 
 from winml_recipes.sdk.config import option
-from winml_recipes.sdk.memory import RewritesGraph
-from winml_recipes.sdk.models import TOOL_VERSION as __version__
 from winml_recipes.sdk.passes import Pass, model_file, register
 from winml_recipes.sdk.target import Target
 from winml_recipes.sdk.types import ModelFacts, StepContext, StepResult
+from winml_recipes.services.memory import RewritesGraph
+from winml_recipes.services.models import TOOL_VERSION as __version__
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class NormalizePass(RewritesGraph, Pass[NormalizeConfig]):
     def run(
         self, src: Path | None, out_dir: Path, config: NormalizeConfig, ctx: StepContext
     ) -> StepResult:
-        from winml_recipes.sdk.models import (
+        from winml_recipes.services.models import (
             graph_digest,
             load_model,
             name_nodes,
@@ -129,8 +129,8 @@ def _ort_basic(src: Path, scratch: Path):
     ORT writes the optimized graph for us (no rewrite of its optimizer here); external data
     is written to a fresh sidecar in scratch so the original sidecar is never referenced.
     """
-    from winml_recipes.sdk.models import load_model
-    from winml_recipes.sdk.runtime import optimize_offline
+    from winml_recipes.services.models import load_model
+    from winml_recipes.services.runtime import optimize_offline
 
     def configure(opts) -> None:
         opts.add_session_config_entry(
@@ -222,7 +222,7 @@ def _onnxscript(src: Path):
     import onnx_ir as ir
     import onnxscript.optimizer
 
-    from winml_recipes.sdk.models import load_model
+    from winml_recipes.services.models import load_model
 
     model = ir.from_proto(load_model(src))
     onnxscript.optimizer.optimize(model)

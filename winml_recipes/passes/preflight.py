@@ -79,7 +79,7 @@ class PreflightPass(Pass[PreflightConfig]):
     fail_fast = True
 
     def skip_reason(self, facts: ModelFacts, config: PreflightConfig, target: Target) -> str | None:
-        from winml_recipes.sdk.runtime import provider_for
+        from winml_recipes.services.runtime import provider_for
 
         ep = provider_for(target)
         if not ep.may_fail_to_finalize:
@@ -109,9 +109,9 @@ class PreflightPass(Pass[PreflightConfig]):
         return out, None
 
     def key_material(self, config: PreflightConfig, ctx: StepContext) -> Any:
-        from winml_recipes.sdk.presets import device_settings, precision_settings
-        from winml_recipes.sdk.runtime import identity, provider_for
-        from winml_recipes.sdk.samples import upstream_data_digest
+        from winml_recipes.services.presets import device_settings, precision_settings
+        from winml_recipes.services.runtime import identity, provider_for
+        from winml_recipes.services.samples import upstream_data_digest
 
         ep = provider_for(ctx.target)
         cal = _quick(config).calibration if config.quantize is not None else None
@@ -134,7 +134,7 @@ class PreflightPass(Pass[PreflightConfig]):
         self, src: Path, config: PreflightConfig, inputs: EstimateInputs
     ) -> MemoryEstimate | None:
         from winml_recipes.passes.quantize import QuantizePass
-        from winml_recipes.sdk.memory import forward_estimate, larger
+        from winml_recipes.services.memory import forward_estimate, larger
 
         load = forward_estimate(src, inputs.contract, "session on the target")
         if config.quantize is None:
@@ -145,7 +145,7 @@ class PreflightPass(Pass[PreflightConfig]):
     def run(
         self, src: Path | None, out_dir: Path, config: PreflightConfig, ctx: StepContext
     ) -> StepResult:
-        from winml_recipes.sdk.runtime import identity, provider_for, skip_if_unavailable
+        from winml_recipes.services.runtime import identity, provider_for, skip_if_unavailable
 
         assert src is not None
         ep = provider_for(ctx.target)
@@ -213,7 +213,7 @@ def _open(
 ) -> dict[str, Any]:
     """Open `model` on the target's EP: its placement; a failure bisected to the failing
     region (as verify does), kept on the CPU when fallback is allowed and that loads."""
-    from winml_recipes.sdk.runtime import explain, open_session
+    from winml_recipes.services.runtime import explain, open_session
 
     device = ctx.target.device
     try:

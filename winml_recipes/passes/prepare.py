@@ -82,7 +82,7 @@ class PreparePass(Pass[PrepareConfig]):
     def estimate_memory(
         self, src: Path, config: PrepareConfig, inputs: EstimateInputs
     ) -> MemoryEstimate | None:
-        from winml_recipes.sdk.memory import forward_estimate, larger, rewrite_estimate
+        from winml_recipes.services.memory import forward_estimate, larger, rewrite_estimate
 
         phases = [rewrite_estimate(src, self.name)]
         if config.check_samples:
@@ -93,7 +93,7 @@ class PreparePass(Pass[PrepareConfig]):
         self, src: Path | None, out_dir: Path, config: PrepareConfig, ctx: StepContext
     ) -> StepResult:
         from winml_recipes.graph.pipeline import prepare, stage_rules
-        from winml_recipes.sdk.models import load_model, save_model
+        from winml_recipes.services.models import load_model, save_model
 
         assert src is not None
         source = load_model(src)
@@ -130,7 +130,7 @@ class PreparePass(Pass[PrepareConfig]):
 
 def _feeds(model: onnx.ModelProto, ctx: StepContext, config: PrepareConfig) -> list:
     """Seeded inputs from the contract, shaped as the model's (static) inputs are."""
-    from winml_recipes.sdk.models import make_inputs, specs_from_model
+    from winml_recipes.services.models import make_inputs, specs_from_model
 
     specs, dims = specs_from_model(model)
     by_name = {s.name: s for s in ctx.contract.inputs}
@@ -143,14 +143,14 @@ def _feeds(model: onnx.ModelProto, ctx: StepContext, config: PrepareConfig) -> l
 
 def _difference(src: Path, out: Path, feeds: list, ctx: StepContext) -> str | None:
     from winml_recipes.graph.exactness import first_difference
-    from winml_recipes.sdk.runtime import run_reference as run_model
+    from winml_recipes.services.runtime import run_reference as run_model
 
     return first_difference(run_model(src, feeds), run_model(out, feeds))
 
 
 def _ep_rules(target: Target, config: PrepareConfig) -> GraphRules | None:
     """The target EP plugin's float rewrites, when the `ep` stage is chosen."""
-    from winml_recipes.sdk.runtime import provider_for
+    from winml_recipes.services.runtime import provider_for
 
     return provider_for(target).graph_rules() if "ep" in config.stages else None
 
@@ -165,7 +165,7 @@ def _culprit(
 ) -> str:
     """The first stage whose output (with the stages before it) is not exact."""
     from winml_recipes.graph.pipeline import STAGES, prepare
-    from winml_recipes.sdk.models import save_model
+    from winml_recipes.services.models import save_model
 
     chosen = [s for s in STAGES if s in config.stages]
     for k in range(1, len(chosen) + 1):

@@ -21,9 +21,9 @@ from winml_recipes.quant.config import (
 )
 from winml_recipes.sdk.ep import get_ep
 from winml_recipes.sdk.passes import Pass, check_component, model_file, register
-from winml_recipes.sdk.presets import precisions_of_kind
 from winml_recipes.sdk.target import Target
 from winml_recipes.sdk.types import DataRead, ModelFacts, PlanContext, StepContext, StepResult
+from winml_recipes.services.presets import precisions_of_kind
 
 if TYPE_CHECKING:
     from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
@@ -53,17 +53,17 @@ class QuantizePass(Pass[QuantizeOptions]):
         if cal is not None and cal.inputs_from:
             check_component(cal.inputs_from, ctx, "quantize.calibration.inputs_from")
         if cal is not None and cal.npz:
-            from winml_recipes.sdk.samples import check_npz, check_npz_values, npz_files
+            from winml_recipes.services.samples import check_npz, check_npz_values, npz_files
 
             files = npz_files(cal.npz, ctx.recipe_dir)
             check_npz(files, ctx.contract)
             check_npz_values(files, ctx.contract)  # an Inf would leave the model float
         if cal is not None and cal.images:
-            from winml_recipes.sdk.samples import image_files
+            from winml_recipes.services.samples import image_files
 
             image_files(cal.images, ctx.recipe_dir)
         if cal is not None and cal.dataset:
-            from winml_recipes.sdk.samples import check_split, open_split
+            from winml_recipes.services.samples import check_split, open_split
 
             check_split(open_split(cal.dataset, ctx.recipe_dir), ctx.contract)
 
@@ -90,9 +90,9 @@ class QuantizePass(Pass[QuantizeOptions]):
         return (cal.inputs_from,) if cal is not None and cal.inputs_from else ()
 
     def key_material(self, config: QuantizeOptions, ctx: StepContext) -> Any:
-        from winml_recipes.sdk.presets import device_settings, precision_settings
-        from winml_recipes.sdk.runtime import identity, provider_for
-        from winml_recipes.sdk.samples import upstream_data_digest
+        from winml_recipes.services.presets import device_settings, precision_settings
+        from winml_recipes.services.runtime import identity, provider_for
+        from winml_recipes.services.samples import upstream_data_digest
 
         data = upstream_data_digest(calibration_options(config), ctx.upstream, ctx.recipe_dir)
         # what the presets fill in (per_channel, types) is not in the step's options
@@ -116,7 +116,7 @@ class QuantizePass(Pass[QuantizeOptions]):
         self, src: Path, config: QuantizeOptions, inputs: EstimateInputs
     ) -> MemoryEstimate | None:
         from winml_recipes.sdk.estimates import MemoryEstimate
-        from winml_recipes.sdk.memory import (
+        from winml_recipes.services.memory import (
             RUNTIME_MB,
             forward_estimate,
             larger,
@@ -161,7 +161,7 @@ class QuantizePass(Pass[QuantizeOptions]):
         self, src: Path | None, out_dir: Path, config: QuantizeOptions, ctx: StepContext
     ) -> StepResult:
         from winml_recipes.quant.ort import quantizable_op_types
-        from winml_recipes.sdk.models import load_model
+        from winml_recipes.services.models import load_model
 
         assert src is not None
         cfg = resolve(config, ctx.target)
@@ -188,7 +188,7 @@ def _excluded(model, cfg: QuantConfig) -> list[str]:
 def _dynamic(src: Path, out: Path, cfg: QuantConfig, exclude: list[str]) -> StepResult:
     from winml_recipes.quant.ort import quantize_dynamic_integer
     from winml_recipes.quant.report import quantization_report
-    from winml_recipes.sdk.models import load_model
+    from winml_recipes.services.models import load_model
 
     started = time.perf_counter()
     quantize_dynamic_integer(src, out, cfg, exclude)
@@ -202,8 +202,8 @@ def _static(
     src: Path, out: Path, cfg: QuantConfig, exclude: list[str], ctx: StepContext
 ) -> StepResult:
     from winml_recipes.quant.report import quantization_report
-    from winml_recipes.sdk.models import load_model
-    from winml_recipes.sdk.samples import UpstreamFeeds, describe_source, feeds_for
+    from winml_recipes.services.models import load_model
+    from winml_recipes.services.samples import UpstreamFeeds, describe_source, feeds_for
 
     cal = cfg.calibration
     assert cal is not None
@@ -222,7 +222,7 @@ def _static(
     model = load_model(src)
     upgraded = _upgrade_opset(model, cfg)
     if upgraded is not None:
-        from winml_recipes.sdk.models import save_model
+        from winml_recipes.services.models import save_model
 
         model = upgraded
         src = save_model(model, ctx.work_dir / "opset-upgraded" / "model.onnx")
@@ -230,14 +230,14 @@ def _static(
     # the EP's float rewrites (e.g. HTP's): metrics of what they changed
     ep_metrics: dict[str, Any] = rules.before_calibration(model) if rules is not None else {}
     if _changed(ep_metrics):
-        from winml_recipes.sdk.models import save_model
+        from winml_recipes.services.models import save_model
 
         src = save_model(model, ctx.work_dir / "float-simplified" / "model.onnx")
     float_src = src  # what the quantized model is judged against
     counted = _Counted(feeds, lambda seen: ctx.progress("calibration samples", seen, cal.samples))
     keep = None
     if ctx.store is not None and ctx.feeds_downstream:
-        from winml_recipes.sdk.samples import store_outputs
+        from winml_recipes.services.samples import store_outputs
 
         store = ctx.store
 
@@ -407,8 +407,8 @@ def _repair(float_src, out, cfg: QuantConfig, done, held_out_feeds, cal_options,
     the types (its promotions are not re-made)."""
     from winml_recipes.quant.ort import quantize_static_qdq
     from winml_recipes.quant.repair import SAMPLES, QuantizeState, repair_divergence
-    from winml_recipes.sdk.runtime import availability, provider_for, run_on_target
-    from winml_recipes.sdk.samples import take
+    from winml_recipes.services.runtime import availability, provider_for, run_on_target
+    from winml_recipes.services.samples import take
 
     if provider_for(ctx.target).is_cpu or not availability(cfg.ep).available:
         return None
@@ -496,7 +496,7 @@ def _quantize_with(
     )
     from winml_recipes.quant.mixed import compile_regions
     from winml_recipes.quant.ort import quantize_static_qdq
-    from winml_recipes.sdk.models import save_model
+    from winml_recipes.services.models import save_model
 
     cal = cfg.calibration
     assert cal is not None
@@ -649,7 +649,7 @@ def _upgrade_opset(model, cfg: QuantConfig):
     from onnx import version_converter
 
     from winml_recipes.sdk.errors import PassError
-    from winml_recipes.sdk.models import light_view, with_weights
+    from winml_recipes.services.models import light_view, with_weights
 
     current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     needed = _required_opset(cfg)
@@ -721,7 +721,7 @@ def calibration_options(config: QuantizeOptions) -> dict[str, Any] | None:
 
 
 def _held_out_name(own: dict[str, Any], cal: dict[str, Any], seed: int, contract) -> str:
-    from winml_recipes.sdk.samples import describe_source
+    from winml_recipes.services.samples import describe_source
 
     if own:
         return describe_source(own, contract, held_out=True)

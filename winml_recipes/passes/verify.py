@@ -155,7 +155,7 @@ class VerifyPass(Pass[VerifyConfig]):
     def estimate_memory(
         self, src: Path, config: VerifyConfig, inputs: EstimateInputs
     ) -> MemoryEstimate | None:
-        from winml_recipes.sdk.memory import forward_estimate, larger
+        from winml_recipes.services.memory import forward_estimate, larger
 
         # Upstream, reference and candidate sessions run one after another.
         phases = [forward_estimate(src, inputs.contract, "candidate forward")]
@@ -163,8 +163,8 @@ class VerifyPass(Pass[VerifyConfig]):
             phases.append(forward_estimate(inputs.reference, inputs.contract, "reference forward"))
         for name, (model, contract) in inputs.upstream.items():
             phases.append(forward_estimate(model, contract, f"{name} forward"))
-        from winml_recipes.sdk.memory import preparation_estimate, quantized_later
-        from winml_recipes.sdk.runtime import provider_for
+        from winml_recipes.services.memory import preparation_estimate, quantized_later
+        from winml_recipes.services.runtime import provider_for
 
         ep = provider_for(inputs.target)
         # a float source standing in for the QDQ candidate: its preparation waits for it
@@ -196,23 +196,23 @@ class VerifyPass(Pass[VerifyConfig]):
         if len(chosen) > 1:
             raise PlanError(f"verify: {' and '.join(chosen)} are two data sources; keep one")
         if config.npz:
-            from winml_recipes.sdk.samples import check_npz, check_npz_values, npz_files
+            from winml_recipes.services.samples import check_npz, check_npz_values, npz_files
 
             files = npz_files(config.npz, ctx.recipe_dir, "verify.npz")
             check_npz(files, ctx.contract, "verify.npz")
             check_npz_values(files, ctx.contract, "verify.npz")  # NaN/Inf named, not scored
         if config.images:
-            from winml_recipes.sdk.samples import image_files
+            from winml_recipes.services.samples import image_files
 
             image_files(config.images, ctx.recipe_dir)
         if config.dataset:
-            from winml_recipes.sdk.samples import check_split, open_split
+            from winml_recipes.services.samples import check_split, open_split
 
             check_split(open_split(config.dataset, ctx.recipe_dir), ctx.contract)
 
     def key_material(self, config: VerifyConfig, ctx: StepContext) -> Any:
-        from winml_recipes.sdk.runtime import identity, provider_for
-        from winml_recipes.sdk.samples import upstream_data_digest
+        from winml_recipes.services.runtime import identity, provider_for
+        from winml_recipes.services.samples import upstream_data_digest
 
         source = _data_source(config)
         # A result measured on the CPU simulation must not be served once the EP loads.
@@ -252,8 +252,8 @@ class VerifyPass(Pass[VerifyConfig]):
     def run(
         self, src: Path | None, out_dir: Path, config: VerifyConfig, ctx: StepContext
     ) -> StepResult:
-        from winml_recipes.sdk.runtime import argmax_agreement, compare_runs, run_model
-        from winml_recipes.sdk.samples import (
+        from winml_recipes.services.runtime import argmax_agreement, compare_runs, run_model
+        from winml_recipes.services.samples import (
             UpstreamFeeds,
             bundled_audio_input,
             bundled_image_input,
@@ -373,7 +373,7 @@ def _record_layers(
 ) -> None:
     """The per-layer comparison report.html plots (passes/verify_layers.py), into `record`."""
     from winml_recipes.passes.verify_layers import layer_record, why_not
-    from winml_recipes.sdk.runtime import provider_for
+    from winml_recipes.services.runtime import provider_for
 
     assert ctx.reference is not None
     why = why_not(src, ctx.reference, ctx.target.device, ctx.target.precision, target.verified_on)
@@ -398,7 +398,7 @@ def _run_or_bisect(
     is bisected to the smallest failing region; with CPU fallback allowed, the region's op
     types are then kept on the CPU when that loads (recorded), else the error names them."""
     from winml_recipes.sdk.errors import ExecutionProviderError
-    from winml_recipes.sdk.runtime import explain, provider_for, run_on_target
+    from winml_recipes.services.runtime import explain, provider_for, run_on_target
 
     samples = len(feeds)
     ep = provider_for(ctx.target)
@@ -443,7 +443,7 @@ def _departs(
 ) -> bool:
     """Whether an output on the target departs from the CPU simulation: below DEPARTS_DB
     against it and LOSS_DB further from float (`simulated`, `on_target`: vs float)."""
-    from winml_recipes.sdk.runtime import compare_runs
+    from winml_recipes.services.runtime import compare_runs
 
     apart = compare_runs(sim_runs, target_runs)
     return any(
@@ -463,7 +463,7 @@ def _locate(
     from winml_recipes.quant.prefixes import first_divergence_by_prefixes
     from winml_recipes.quant.repair import LAYER_DEPARTS_DB, LAYER_LOSS_DB
     from winml_recipes.sdk.errors import WinmlError
-    from winml_recipes.sdk.runtime import provider_for, run_on_target
+    from winml_recipes.services.runtime import provider_for, run_on_target
 
     assert ctx.reference is not None
     ep = provider_for(ctx.target).key
@@ -533,7 +533,7 @@ def _divergence_note(found: dict[str, Any] | None) -> str:
 def _runs_on_cpu(target: Target, config: VerifyConfig) -> bool:
     """Whether the candidate would run on the CPU EP, like the reference (an unchanged
     model on the NPU's EP is still a real comparison: other arithmetic)."""
-    from winml_recipes.sdk.runtime import availability, provider_for
+    from winml_recipes.services.runtime import availability, provider_for
 
     ep = provider_for(target)
     if ep.is_cpu or not config.on_target:

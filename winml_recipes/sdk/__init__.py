@@ -5,6 +5,9 @@ It sits at the bottom of the import graph and imports nothing else from winml_re
 step contexts and results, memory estimates, the errors, typed pass configs (`option`,
 `config_schema`), and the `Pass` base class with its declared constraints and capabilities
 and the entry-point discovery.
+
+What a pass uses of the package besides these (model I/O, sample inputs, sessions on a
+target, memory estimates, the presets) is one layer up, in winml_recipes.services.
 """
 
 from winml_recipes.sdk.config import Schema, build_config, config_schema, option

@@ -3,7 +3,7 @@ model holding the chosen nodes (wired by the tensors between them) and loads it 
 fallback off in a fresh process, per subset. How the 32-layer encoder's load limit (about
 375 MB of context binaries per process) was found.
 
-    nice python bench/epcontext_subsets.py model_ctx.onnx "[[0,1,2,3,4],[1,3,5]]"
+    nice python experiments/epcontext_subsets.py model_ctx.onnx "[[0,1,2,3,4],[1,3,5]]"
 """
 
 import json

@@ -2,7 +2,7 @@
 boundaries: what grows with depth (peak RSS and seconds per prefix, each in a fresh process
 under a memory cap).
 
-    nice python bench/htp_prefix_memory.py QDQ.onnx --blocks 2 4 8 [--cap-gb 5] [--parallel]
+    nice python experiments/htp_prefix_memory.py QDQ.onnx --blocks 2 4 8 [--cap-gb 5] [--parallel]
 
 The prefix "after k blocks" is part 0 of the split `compile: {cut_after: [...]}` makes at
 the k-th block boundary (onnx/split.py `block_boundaries`: the residual stream's one-tensor
@@ -20,7 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from bench.htp_prepare_memory import _PREPARE, _python  # noqa: E402
+from experiments.htp_prepare_memory import _PREPARE, _python  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

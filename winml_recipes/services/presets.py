@@ -1,7 +1,7 @@
 """What the presets say about a target, for passes: the precisions of a kind (float,
 quantized), a device's and a precision's settings.
 
-A facade over presets.py (see sdk/models.py for why passes import from here).
+A facade over presets.py (see services/models.py for why passes import from here).
 """
 
 from __future__ import annotations

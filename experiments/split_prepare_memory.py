@@ -1,9 +1,9 @@
 """QNN HTP graph preparation of a QDQ graph whole and cut into parts (split compile): each
 part's peak RSS and seconds, each in a fresh process under a memory cap.
 
-    nice python bench/split_prepare_memory.py QDQ.onnx --parts 2 3 [--cap-gb 4]
+    nice python experiments/split_prepare_memory.py QDQ.onnx --parts 2 3 [--cap-gb 4]
 
-QDQ.onnx is a model as `quantize` writes it (e.g. bench/htp_prepare_memory.py's
+QDQ.onnx is a model as `quantize` writes it (e.g. experiments/htp_prepare_memory.py's
 `global_504/out/.../model/model.onnx`, one SAM 3 global-attention block). The parts are the
 ones `compile: {parts: N}` makes (onnx/split.py); the session is what verify and compile
 create (fallback off). Prints one JSON line per row.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from bench.htp_prepare_memory import _PREPARE, _python  # noqa: E402
+from experiments.htp_prepare_memory import _PREPARE, _python  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 (bundled or a folder), Hugging Face dataset splits, the upstream component's outputs
 (inputs_from), and how a pass names and digests its data for the manifest and the key.
 
-A facade over feeds.py and hfdata.py (see sdk/models.py for why passes import from here).
+A facade over feeds.py and hfdata.py (see services/models.py for why passes import from here).
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ its wall time and the process's peak RSS are what the table shows, beside the la
 activation of the graph. `--chunk ELEMENTS` first applies the QNN plugin's query-chunked
 attention rewrite with that bound (score tensor elements per chunk) to the float block.
 
-    nice python bench/htp_prepare_memory.py --sides 336 504 672 --cap-gb 16 [--chunk N]
-    nice python bench/htp_prepare_memory.py --part mid --sides 1008   # this tool's export
-    nice python bench/htp_prepare_memory.py --bisect QDQ.onnx --cap-gb 4
+    nice python experiments/htp_prepare_memory.py --sides 336 504 672 --cap-gb 16 [--chunk N]
+    nice python experiments/htp_prepare_memory.py --part mid --sides 1008   # this tool's export
+    nice python experiments/htp_prepare_memory.py --bisect QDQ.onnx --cap-gb 4
 
 A side whose preparation crosses the cap is stopped and reported as such (the cap is a
 watchdog on the process's RSS, plus RLIMIT_AS where the OS has it, so the machine is never
@@ -24,14 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from bench.capped import capped_python as _python  # noqa: E402
 from tests.sam3_blocks import PARTS, PATCH, export_block  # noqa: E402
 
 # Runs in the measured process: one HTP session, fallback off; prints seconds and peak.
@@ -48,58 +46,6 @@ except Exception as exc:
 print(json.dumps({"seconds": round(time.perf_counter() - started, 1),
                   "peak_rss_mb": peak_rss_mb(), "error": error}))
 """
-
-
-def _python(code: str, *args: str, cap_mb: float | None = None) -> dict:
-    """Run `code` in a fresh interpreter (under `cap_mb` of RSS when given); its JSON line,
-    or {"stopped": ...} when the watchdog killed it, with the peak RSS it reached."""
-    import psutil
-
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-c", code, *args]
-    limit = None
-    if cap_mb is not None and sys.platform != "win32":
-        # a backstop beside the watchdog: address space, generous (libraries map a lot)
-        limit = int((cap_mb + 8192) * 1024 * 1024)
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=(lambda: _set_as_limit(limit)) if limit else None,
-    )
-    watched = psutil.Process(proc.pid)
-    peak, stopped = 0.0, None
-    started = time.perf_counter()
-    while proc.poll() is None:
-        try:
-            rss = watched.memory_info().rss / 2**20
-        except psutil.NoSuchProcess:
-            break
-        peak = max(peak, rss)
-        if cap_mb is not None and rss > cap_mb:
-            proc.kill()
-            stopped = f"stopped at {rss / 1024:.1f} GB RSS (cap {cap_mb / 1024:.0f} GB)"
-            break
-        time.sleep(0.2)
-    out, err = proc.communicate()
-    if stopped:
-        return {"stopped": stopped, "seconds": round(time.perf_counter() - started, 1),
-                "peak_rss_mb": round(peak)}  # fmt: skip
-    if proc.returncode != 0:
-        tail = " ".join(err.split())[-400:]
-        return {"error": f"exit {proc.returncode}: {tail}", "peak_rss_mb": round(peak),
-                "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
-    line = [s for s in out.splitlines() if s.startswith("{")][-1]
-    return json.loads(line)
-
-
-def _set_as_limit(limit: int) -> None:
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
 def _chunk(src: Path, out: Path, bound: int) -> dict:

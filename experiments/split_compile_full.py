@@ -4,7 +4,8 @@ one at a time, then stitched into one model_ctx.onnx), each part's preparation s
 peak RSS, the whole compile's wall time and the stitched model loaded back on HTP with CPU
 fallback off (what `compile: {samples: 0}` does), in a fresh process.
 
-    nice python bench/split_compile_full.py QDQ.onnx OUT [--every 4 | --auto] [--shape x=1,3,8,8]
+    nice python experiments/split_compile_full.py QDQ.onnx OUT [--every 4 | --auto]
+        [--shape x=1,3,8,8]
 
 `--every K` cuts after every K transformer blocks (onnx/split.py `block_boundaries`);
 `--auto` lets the qnn-htp plugin's PreparationCost and the memory budget choose (what a
@@ -22,7 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from bench.htp_prepare_memory import _python  # noqa: E402
+from experiments.htp_prepare_memory import _python  # noqa: E402
 
 _LOAD = """
 import json, sys, time

@@ -1,4 +1,4 @@
-"""`run` and `report`: thin commands over winml_recipes.api (registered by cli.py)."""
+"""`run` and `report`: run a build on real inputs, write its report again."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import click
+
+from winml_recipes.cli.app import main
 
 
 @click.command("run")
@@ -125,3 +127,7 @@ def report_command(build, layers) -> None:
         click.echo(line, err=True)
 
     click.echo(f"wrote {api.report(build, layers=layers, say=say)}")
+
+
+main.add_command(run_command)
+main.add_command(report_command)

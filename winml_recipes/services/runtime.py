@@ -3,7 +3,7 @@ availability, options), sessions on it, runs on the target with placement and fa
 EPContext compilation, bisection of what an EP refuses, the CPU EP's reference run and
 output comparison metrics.
 
-A facade over runtime/*.py and onnx/metrics.py (see sdk/models.py for
+A facade over runtime/*.py and onnx/metrics.py (see services/models.py for
 why passes import from here).
 """
 

@@ -2,7 +2,7 @@
 part on the CPU EP: SQNR of its output (dequantized with its Q's scale), on one seeded
 input.
 
-    nice python bench/split_part_on_htp.py model_ctx_part0.onnx parts/part0.onnx
+    nice python experiments/split_part_on_htp.py model_ctx_part0.onnx parts/part0.onnx
 
 model_ctx_part0.onnx is the part's own EPContext model (compile_parts writes it beside
 model_ctx.onnx before stitching; copy it before the stitch removes it). The input is

@@ -3,7 +3,7 @@ rewrites a graph), a forward pass's estimate, and how to combine them; the engin
 each step's estimate against the memory budget before it runs (sdk/estimates.py has the
 records).
 
-A facade over engine/budget.py (see sdk/models.py for why passes import from here).
+A facade over engine/budget.py (see services/models.py for why passes import from here).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """The implementation of `name`, imported when first asked for."""
     if name in __all__:
-        from winml_recipes.engine import budget as module
+        import winml_recipes.engine.budget as module
 
         return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
