@@ -271,3 +271,46 @@ def test_algorithms_need_static_mode_and_keep_their_running_order() -> None:
     assert cfg.algorithms == ("cle", "bias_correction") and cfg.algorithms_auto is None
     auto = resolve(QuantizeOptions(algorithms="auto"), target)
     assert auto.algorithms == () and auto.algorithms_auto["budget_seconds"] == 600.0
+
+
+def lstm_graph(path: Path, steps: int = 12, hidden: int = 16) -> Path:
+    """An ONNX LSTM node (kept as it is: no prepare step) and a MatMul: QNN HTP takes the
+    LSTM and fails to finalize the graph (QNN_COMMON_ERROR_MEM_ALLOC), with CPU fallback on
+    or off."""
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.3, (1, 4 * hidden, 10)).astype(np.float32)
+    r = rng.normal(0, 0.3, (1, 4 * hidden, hidden)).astype(np.float32)
+    fc = rng.normal(0, 0.3, (hidden, 4)).astype(np.float32)
+    return _save(
+        path,
+        [
+            helper.make_node("LSTM", ["x", "W", "R"], ["Y"], name="lstm", hidden_size=hidden),
+            helper.make_node("Reshape", ["Y", "shape"], ["flat"], name="flat"),
+            helper.make_node("MatMul", ["flat", "fc"], ["y"], name="fc"),
+        ],
+        [_vi("x", [steps, 1, 10])],
+        [_vi("y", [steps, 4])],
+        [
+            _const("W", w),
+            _const("R", r),
+            _const("fc", fc),
+            _const("shape", np.array([steps, hidden], np.int64)),
+        ],
+    )
+
+
+def test_auto_stops_at_a_candidate_the_target_cannot_load(tmp_path) -> None:
+    """A failure that is not about quality ends the search: the plain candidate cannot be
+    loaded on HTP (MEM_ALLOC at finalize), so no further candidate is quantized or tried on
+    the target (before: all 5 others were, each failing on HTP twice and scored on the CPU
+    EP, minutes on a real model); the target's failure is left to verify to name."""
+    model = lstm_graph(tmp_path / "lstm.onnx")
+    samples = _data((12, 1, 10), 12, 0, -1.0, 1.0)
+    _, metrics = _build(tmp_path / "b", model, "algorithms: auto, ", samples, "[-1.0, 1.0]")
+    record = metrics["algorithms"]
+    first, *rest = record["tried"]
+    assert first["algorithms"] == [] and "MEM_ALLOC" in first["cpu_fallback"]
+    assert len(rest) >= 3, "the graph has weights: auto plans more candidates than the plain one"
+    assert all(t.get("skipped") == "the search stopped at a failure" for t in rest)
+    assert record["stopped"].startswith("candidate 0 does not run on the target")
+    assert record["kept"] == []
