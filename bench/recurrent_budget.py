@@ -6,8 +6,8 @@ recurrent nodes may unroll to for the NPU) comes from this table, not from a gue
 exported with the TorchScript exporter, built by this tool for npu/`--precision`
 (normalize, fix_shapes, prepare's fold + recurrent stages with the budget lifted,
 quantize on 1 seeded sample), then, in a fresh process, a QNN HTP session is created on the
-QDQ model with CPU fallback off (what `verify`/`compile` do): its wall time, the process's
-peak RSS and the QDQ node count are the row.
+QDQ model with CPU fallback off (what `verify`/`compile` do): its wall time and CPU time,
+the process's peak RSS and the QDQ node count are the row.
 
     nice python bench/recurrent_budget.py --hidden 32 64 --steps 16 32 64 128 256
 
@@ -23,7 +23,26 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from bench.htp_prepare_memory import _PREPARE, _python  # noqa: E402
+from bench.htp_prepare_memory import _python  # noqa: E402
+
+# Runs in the measured process: one HTP session, fallback off. Wall seconds and the
+# process's CPU seconds (all threads: on a machine shared with other jobs, the CPU time is
+# what the preparation costs; the wall time depends on the load), and the peak RSS.
+_PREPARE = """
+import json, os, sys, time
+from winml_recipes.runtime.memory import peak_rss_mb
+from winml_recipes.runtime.sessions import open_session
+started, cpu = time.perf_counter(), sum(os.times()[:2])
+error = None
+try:
+    open_session(sys.argv[1], "qnn-htp", fallback=False)
+except Exception as exc:
+    error = " ".join(str(exc).split())[:300]
+print(json.dumps({"seconds": round(time.perf_counter() - started, 1),
+                  "cpu_seconds": round(sum(os.times()[:2]) - cpu, 1),
+                  "peak_rss_mb": peak_rss_mb(), "error": error,
+                  "load_average": round(os.getloadavg()[0], 1)}))
+"""
 
 
 def export_gru(path: Path, hidden: int, steps: int, bidirectional: bool = False) -> Path:

@@ -28,11 +28,11 @@ from winml_recipes.graph.log import RewriteLog
 RULE_LSTM = "unroll_lstm"
 RULE_GRU = "unroll_gru"
 # Steps x directions over every recurrent node of a model that the NPU may be given unrolled
-# (each step is about 15 QDQ nodes on HTP). Measured on QNN HTP (onnxruntime-qnn 2.7.0,
-# emulated; `python bench/recurrent_budget.py`, docs/recurrent.md): BUDGET_NOTE. Over it the
-# build stops at `prepare`, naming the node and the next step (shorter windows), before any
+# (each step is about 55 nodes once quantized). Measured on the NPU's EP (emulated here;
+# `python bench/recurrent_budget.py`, docs/recurrent.md): BUDGET_NOTE. Over it the build
+# stops at `prepare`, naming the node and the next step (shorter windows), before any
 # calibration: unrolled, resemblyzer's 480 steps had not finished verifying after 30 min;
-# kept as LSTM/GRU nodes, HTP cannot finalize them at all (MEM_ALLOC).
+# kept as LSTM/GRU nodes, the EP cannot finalize them at all (MEM_ALLOC).
 MAX_MODEL_STEPS = 256
 BUDGET_NOTE = "(measurement pending)"
 _ACTIVATIONS = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu"}
