@@ -314,3 +314,33 @@ def test_auto_stops_at_a_candidate_the_target_cannot_load(tmp_path) -> None:
     assert all(t.get("skipped") == "the search stopped at a failure" for t in rest)
     assert record["stopped"].startswith("candidate 0 does not run on the target")
     assert record["kept"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["w8a16", "uint8"])
+def test_a_graph_htp_cannot_finalize_is_diagnosed_alike_at_both_precisions(
+    tmp_path, precision: str
+) -> None:
+    """The same LSTM graph at w8a16 (no candidate search) and at uint8 (`algorithms: auto`):
+    each build fails at verify with the failing region and the next step named (at uint8 it
+    once failed inside quantize with the bare QNN error, after every candidate)."""
+    from winml_recipes.sdk.errors import ExecutionProviderError
+
+    root = tmp_path / precision
+    model = lstm_graph(tmp_path / "lstm.onnx")
+    (root / "recipes").mkdir(parents=True)
+    np.savez(
+        root / "recipes" / "cal.npz",
+        x=np.stack([f["x"] for f in _data((12, 1, 10), 12, 0, -1.0, 1.0)]),
+    )
+    auto = "algorithms: auto, " if precision == "uint8" else ""
+    quantize = "{quantize: {" + auto + "calibration: {npz: cal.npz, samples: 8}}}"
+    recipe = project(root, model, "[-1.0, 1.0]", f"[{quantize}, verify]")
+    recipe.write_text(recipe.read_text().replace("precision: w8a16", f"precision: {precision}"))
+    with pytest.raises(ExecutionProviderError) as err:
+        api.build(recipe, device="npu", precision=precision, output_root=root / "out")
+    message = str(err.value)
+    assert f"model/verify [npu/{precision}]: " in message
+    assert "failed to finalize the graph (QNN_COMMON_ERROR_MEM_ALLOC)" in message
+    assert "the smallest failing region is lstm (LSTM)" in message
+    assert "next: verify: {allow_cpu_fallback: true} keeps LSTM" in message
