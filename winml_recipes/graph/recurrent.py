@@ -27,14 +27,25 @@ from winml_recipes.graph.log import RewriteLog
 
 RULE_LSTM = "unroll_lstm"
 RULE_GRU = "unroll_gru"
-# Steps x directions over every recurrent node of a model that the NPU may be given unrolled
-# (each step is about 55 nodes once quantized). Measured on the NPU's EP (emulated here;
-# `python bench/recurrent_budget.py`, docs/recurrent.md): BUDGET_NOTE. Over it the build
-# stops at `prepare`, naming the node and the next step (shorter windows), before any
-# calibration: unrolled, resemblyzer's 480 steps had not finished verifying after 30 min;
-# kept as LSTM/GRU nodes, the EP cannot finalize them at all (MEM_ALLOC).
-MAX_MODEL_STEPS = 256
-BUDGET_NOTE = "(measurement pending)"
+# The NPU's EP prepares an unrolled graph in a time that grows about with the square of its
+# steps (each step is about 55 nodes once quantized; the hidden size hardly matters: 2.7 /
+# 4.0 CPU s at 64 steps for hidden 64 / 256). Measured on the emulated EP with a one-layer
+# GRU, hidden 32, one session with fallback off (`python bench/recurrent_budget.py`,
+# docs/recurrent.md): (steps x directions, CPU seconds of that one graph preparation).
+MEASURED_PREPARATION = ((16, 0.6), (64, 3.1), (128, 9.0), (256, 36.1))
+# A build prepares the graph several times (quantize's divergence check, each of auto's
+# candidates, verify, compile): one preparation may cost this much CPU time.
+PREPARATION_CPU_SECONDS = 40.0
+# Steps x directions over every recurrent node of a model that may be unrolled for the NPU:
+# the longest measured that fits. Over it the build stops at `prepare`, naming the node and
+# the next step (shorter windows), before any calibration: resemblyzer's 480 steps had not
+# finished verifying after 30 minutes; kept as LSTM/GRU nodes, the EP cannot finalize them
+# at all (MEM_ALLOC).
+MAX_MODEL_STEPS = max(s for s, cpu in MEASURED_PREPARATION if cpu <= PREPARATION_CPU_SECONDS)
+BUDGET_NOTE = (
+    f"(one NPU graph preparation of {MAX_MODEL_STEPS} unrolled steps took "
+    f"{dict(MEASURED_PREPARATION)[MAX_MODEL_STEPS]:g} CPU s, growing with the square of the steps)"
+)
 _ACTIVATIONS = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu"}
 _DEFAULTS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh")}
 
