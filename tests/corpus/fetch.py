@@ -79,6 +79,10 @@ WHEELS: dict[str, Wheel] = {
         Wheel("basic-pitch", "0.4.0", "basic_pitch-0.4.0-py2.py3-none-any.whl",
               "738adb503aae7fdfc7d1e1511aa0ce35052315f260a19531ef4c356708425db0",
               ("basic_pitch/saved_models/icassp_2022/nmp.onnx",), "Apache-2.0"),
+        # A trained GRU encoder/decoder in numpy weights (grapheme-to-phoneme, CMUdict)
+        Wheel("g2p-en", "2.1.0", "g2p_en-2.1.0-py3-none-any.whl",
+              "2a7aabf1fc7f270fcc3349881407988c9245173c2413debbe5432f4a4f31319f",
+              ("g2p_en/checkpoint20.npz",), "Apache-2.0"),
         # Photographs only (licences in skimage/data/_fetchers.py's docstrings: astronaut,
         # rocket, hubble: NASA/public domain; chelsea, coffee, camera, coins: CC0/public domain).
         Wheel("scikit-image", "0.26.0",

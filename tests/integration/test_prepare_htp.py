@@ -61,3 +61,24 @@ def test_recurrent_models_reach_htp(tmp_path: Path, kind: str, bidirectional: bo
     _all_on_htp(steps)
     outputs = steps["verify"]["metrics"]["outputs"]
     assert min(o["sqnr_db"] for o in outputs.values()) > 20
+
+
+@pytest.mark.parametrize("precision", ["w8a16", "uint8"])
+def test_a_gru_over_the_unroll_budget_stops_at_prepare_with_the_same_diagnosis(
+    tmp_path: Path, precision: str
+) -> None:
+    """A GRU longer than the step budget measured on HTP: at either precision the build stops
+    at `prepare`, before calibration or any HTP session, with one line naming the node and
+    the next step (before: the GRU was kept, HTP failed to finalize it with MEM_ALLOC after
+    quantization, and at uint8 the failure surfaced inside quantize's candidate search)."""
+    from winml_recipes.graph.recurrent import MAX_MODEL_STEPS
+
+    seq = MAX_MODEL_STEPS + 8
+    model = prepare_models.recurrent(tmp_path / "gru.onnx", "GRU", False, seq=seq, opset=14)
+    done = cli("build", "--onnx", model, "--device", "npu", "--precision", precision,
+               "-o", tmp_path / "o")  # fmt: skip
+    assert done.exit_code != 0
+    (line,) = [s for s in done.stderr.splitlines() if s.startswith("error:")]
+    assert f"model/prepare [npu/{precision}]: recurrent node '/rnn/GRU' (GRU, {seq} steps" in line
+    assert f"next step: export the model over windows of at most {MAX_MODEL_STEPS} steps" in line
+    assert "model: quantize" not in done.stderr

@@ -271,3 +271,76 @@ def test_algorithms_need_static_mode_and_keep_their_running_order() -> None:
     assert cfg.algorithms == ("cle", "bias_correction") and cfg.algorithms_auto is None
     auto = resolve(QuantizeOptions(algorithms="auto"), target)
     assert auto.algorithms == () and auto.algorithms_auto["budget_seconds"] == 600.0
+
+
+def lstm_graph(path: Path, steps: int = 12, hidden: int = 16) -> Path:
+    """An ONNX LSTM node (kept as it is: no prepare step) and a MatMul: QNN HTP takes the
+    LSTM and fails to finalize the graph (QNN_COMMON_ERROR_MEM_ALLOC), with CPU fallback on
+    or off."""
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.3, (1, 4 * hidden, 10)).astype(np.float32)
+    r = rng.normal(0, 0.3, (1, 4 * hidden, hidden)).astype(np.float32)
+    fc = rng.normal(0, 0.3, (hidden, 4)).astype(np.float32)
+    return _save(
+        path,
+        [
+            helper.make_node("LSTM", ["x", "W", "R"], ["Y"], name="lstm", hidden_size=hidden),
+            helper.make_node("Reshape", ["Y", "shape"], ["flat"], name="flat"),
+            helper.make_node("MatMul", ["flat", "fc"], ["y"], name="fc"),
+        ],
+        [_vi("x", [steps, 1, 10])],
+        [_vi("y", [steps, 4])],
+        [
+            _const("W", w),
+            _const("R", r),
+            _const("fc", fc),
+            _const("shape", np.array([steps, hidden], np.int64)),
+        ],
+    )
+
+
+def test_auto_stops_at_a_candidate_the_target_cannot_load(tmp_path) -> None:
+    """A failure that is not about quality ends the search: the plain candidate cannot be
+    loaded on HTP (MEM_ALLOC at finalize), so no further candidate is quantized or tried on
+    the target (before: all 5 others were, each failing on HTP twice and scored on the CPU
+    EP, minutes on a real model); the target's failure is left to verify to name."""
+    model = lstm_graph(tmp_path / "lstm.onnx")
+    samples = _data((12, 1, 10), 12, 0, -1.0, 1.0)
+    _, metrics = _build(tmp_path / "b", model, "algorithms: auto, ", samples, "[-1.0, 1.0]")
+    record = metrics["algorithms"]
+    first, *rest = record["tried"]
+    assert first["algorithms"] == [] and "MEM_ALLOC" in first["cpu_fallback"]
+    assert len(rest) >= 3, "the graph has weights: auto plans more candidates than the plain one"
+    assert all(t.get("skipped") == "the search stopped at a failure" for t in rest)
+    assert record["stopped"].startswith("candidate 0 does not run on the target")
+    assert record["kept"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["w8a16", "uint8"])
+def test_a_graph_htp_cannot_finalize_is_diagnosed_alike_at_both_precisions(
+    tmp_path, precision: str
+) -> None:
+    """The same LSTM graph at w8a16 (no candidate search) and at uint8 (`algorithms: auto`):
+    each build fails at verify with the failing region and the next step named (at uint8 it
+    once failed inside quantize with the bare QNN error, after every candidate)."""
+    from winml_recipes.sdk.errors import ExecutionProviderError
+
+    root = tmp_path / precision
+    model = lstm_graph(tmp_path / "lstm.onnx")
+    (root / "recipes").mkdir(parents=True)
+    np.savez(
+        root / "recipes" / "cal.npz",
+        x=np.stack([f["x"] for f in _data((12, 1, 10), 12, 0, -1.0, 1.0)]),
+    )
+    auto = "algorithms: auto, " if precision == "uint8" else ""
+    quantize = "{quantize: {" + auto + "calibration: {npz: cal.npz, samples: 8}}}"
+    recipe = project(root, model, "[-1.0, 1.0]", f"[{quantize}, verify]")
+    recipe.write_text(recipe.read_text().replace("precision: w8a16", f"precision: {precision}"))
+    with pytest.raises(ExecutionProviderError) as err:
+        api.build(recipe, device="npu", precision=precision, output_root=root / "out")
+    message = str(err.value)
+    assert f"model/verify [npu/{precision}]: " in message
+    assert "failed to finalize the graph (QNN_COMMON_ERROR_MEM_ALLOC)" in message
+    assert "the smallest failing region is lstm (LSTM)" in message
+    assert "next: verify: {allow_cpu_fallback: true} keeps LSTM" in message

@@ -214,20 +214,34 @@ def test_recurrent_nodes_it_cannot_unroll_are_kept_with_the_reason(tmp_path: Pat
     assert done.log.kept == [{"rule": RULE_LSTM, "node": lstm.name, "why": "clip is set"}]
 
 
-def test_a_model_over_the_unroll_budget_keeps_its_recurrent_nodes(tmp_path: Path) -> None:
-    """Two stacked LSTM layers over 160 steps (320 steps in all, over MAX_MODEL_STEPS): each
-    layer alone is under MAX_STEPS, but the unrolled model (about 16 nodes a step) is what
-    kept resemblyzer's build on the emulated HTP past 30 minutes; the nodes stay, named."""
-    from winml_recipes.graph.recurrent import MAX_MODEL_STEPS, MAX_STEPS
+def test_a_model_over_the_unroll_budget_is_refused_naming_the_node_and_the_next_step(
+    tmp_path: Path,
+) -> None:
+    """Two stacked LSTM layers each just over half the budget (MAX_MODEL_STEPS, measured on
+    HTP): unrolled, such a model kept resemblyzer's build on the emulated HTP past 30
+    minutes; kept as LSTM nodes, HTP cannot finalize it. prepare refuses it in one line: the
+    longest node, the total, the budget, and windows that fit."""
+    from winml_recipes.graph.recurrent import MAX_MODEL_STEPS, UnrollBudgetError
 
-    path = prepare_models.recurrent(tmp_path / "r.onnx", "LSTM", False, seq=160, layers=2)
+    seq = MAX_MODEL_STEPS // 2 + 4
+    path = prepare_models.recurrent(tmp_path / "r.onnx", "LSTM", False, seq=seq, layers=2)
     model = onnx.load(str(path))
     lstms = [n for n in model.graph.node if n.op_type == "LSTM"]
-    assert len(lstms) == 2 and MAX_STEPS >= 160 and MAX_MODEL_STEPS < 2 * 160
-    done = prepare(model)
-    assert _ops(done.model)["LSTM"] == 2
-    assert [k["node"] for k in done.log.kept] == [n.name for n in lstms]
-    assert all("unroll to 320 steps x directions in all" in k["why"] for k in done.log.kept)
+    assert len(lstms) == 2
+    with pytest.raises(UnrollBudgetError) as err:
+        prepare(model)
+    message = str(err.value)
+    assert "\n" not in message
+    assert f"recurrent node '{lstms[0].name}' (LSTM, {seq} steps x 1 direction(s))" in message
+    assert (
+        f"unroll to {2 * seq} steps x directions, over the NPU's budget of {MAX_MODEL_STEPS}"
+        in message
+    )
+    window = seq * MAX_MODEL_STEPS // (2 * seq)
+    assert f"next step: export the model over windows of at most {window} steps" in message
+    # one such layer fits the budget: unrolled (exact: the cases above)
+    one = onnx.load(str(prepare_models.recurrent(tmp_path / "one.onnx", "LSTM", False, seq=seq)))
+    assert _ops(prepare(one).model)["LSTM"] == 0
 
 
 def test_first_difference_names_the_output_and_the_size() -> None:

@@ -27,14 +27,25 @@ from winml_recipes.graph.log import RewriteLog
 
 RULE_LSTM = "unroll_lstm"
 RULE_GRU = "unroll_gru"
-# Steps x directions above which a recurrent node is left alone (a graph of tens of
-# thousands of nodes would take HTP's graph preparation longer than the CPU takes to run it).
-MAX_STEPS = 512
-# Steps x directions over every recurrent node of a model: resemblyzer's 3-layer LSTM over 160
-# frames (480) unrolled to 7,681 nodes, and its build had not finished verifying on the
-# emulated HTP after 30 minutes; 1,572 nodes (a bidirectional GRU over 12 steps) took
-# seconds. Over the budget the nodes stay, and the build names them where HTP refuses.
-MAX_MODEL_STEPS = 256
+# The NPU's EP prepares an unrolled graph in a time that grows about with the square of its
+# steps (each step is about 55 nodes once quantized; the hidden size hardly matters: 2.7 /
+# 4.0 CPU s at 64 steps for hidden 64 / 256). Measured on the emulated EP with a one-layer
+# GRU, hidden 32, one session with fallback off (`python experiments/recurrent_budget.py`,
+# docs/recurrent.md): (steps x directions, CPU seconds of that one graph preparation).
+MEASURED_PREPARATION = ((16, 0.6), (64, 3.1), (128, 9.0), (256, 36.1))
+# A build prepares the graph several times (quantize's divergence check, each of auto's
+# candidates, verify, compile): one preparation may cost this much CPU time.
+PREPARATION_CPU_SECONDS = 40.0
+# Steps x directions over every recurrent node of a model that may be unrolled for the NPU:
+# the longest measured that fits. Over it the build stops at `prepare`, naming the node and
+# the next step (shorter windows), before any calibration: resemblyzer's 480 steps had not
+# finished verifying after 30 minutes; kept as LSTM/GRU nodes, the EP cannot finalize them
+# at all (MEM_ALLOC).
+MAX_MODEL_STEPS = max(s for s, cpu in MEASURED_PREPARATION if cpu <= PREPARATION_CPU_SECONDS)
+BUDGET_NOTE = (
+    f"(one NPU graph preparation of {MAX_MODEL_STEPS} unrolled steps took "
+    f"{dict(MEASURED_PREPARATION)[MAX_MODEL_STEPS]:g} CPU s, growing with the square of the steps)"
+)
 _ACTIVATIONS = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu"}
 _DEFAULTS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh")}
 
@@ -83,8 +94,6 @@ def _read(node: ir.Node) -> tuple[_Cell | None, str]:
     seq, batch = (x_shape[0], x_shape[1]) if layout == 0 else (x_shape[1], x_shape[0])
     direction = attrs.get_string("direction", "forward")
     dirs = ["forward", "reverse"] if direction == "bidirectional" else [direction]
-    if seq * len(dirs) > MAX_STEPS:
-        return None, f"{seq} steps x {len(dirs)} directions is over {MAX_STEPS}"
     if inputs[4] is not None:
         lens = constant(inputs[4])
         if lens is None or not (lens == seq).all():
@@ -266,8 +275,29 @@ def _steps(node: ir.Node) -> int:
     return seq * (2 if node.attributes.get_string("direction", "forward") == "bidirectional" else 1)
 
 
+class UnrollBudgetError(ValueError):
+    """The model's recurrent nodes unroll to more steps than the NPU's budget (one line)."""
+
+
+def over_budget(nodes: list[ir.Node], total: int) -> str:
+    """The one-line refusal: the longest node, the model's total, the budget, the next step
+    (windows short enough that every node's steps fit the budget together)."""
+    node = max(nodes, key=_steps)
+    dirs = 2 if node.attributes.get_string("direction", "forward") == "bidirectional" else 1
+    seq = _steps(node) // dirs
+    window = max(1, seq * MAX_MODEL_STEPS // total)
+    return (
+        f"recurrent node {node.name or '<unnamed>'!r} ({node.op_type}, {seq} steps x {dirs} "
+        f"direction(s)): the model's {len(nodes)} recurrent node(s) unroll to {total} steps x "
+        f"directions, over the NPU's budget of {MAX_MODEL_STEPS} {BUDGET_NOTE}; next step: "
+        f"export the model over windows of at most {window} steps (the state carried between "
+        "calls) or build it for --device cpu"
+    )
+
+
 def unroll_recurrent(model: ir.Model, log: RewriteLog) -> dict[str, int]:
-    """Unroll every LSTM and GRU of the main graph that can be; counts per op type."""
+    """Unroll every LSTM and GRU of the main graph that can be; counts per op type.
+    Raises UnrollBudgetError when they would unroll to more than MAX_MODEL_STEPS in all."""
     graph = model.graph
     counts = {"LSTM": 0, "GRU": 0}
     cells = []
@@ -281,16 +311,9 @@ def unroll_recurrent(model: ir.Model, log: RewriteLog) -> dict[str, int]:
             continue
         cells.append((node, rule, cell))
     total = sum(_steps(node) for node, _, _ in cells)
+    if total > MAX_MODEL_STEPS:
+        raise UnrollBudgetError(over_budget([node for node, _, _ in cells], total))
     for node, rule, cell in cells:
-        if total > MAX_MODEL_STEPS:
-            log.keep(
-                rule,
-                node.name,
-                f"the model's recurrent nodes unroll to {total} steps x directions in all, over "
-                f"{MAX_MODEL_STEPS} (the NPU EP's graph preparation of the unrolled graph takes "
-                "longer than running it)",
-            )
-            continue
         _unroll(graph, node, cell)
         log.add(rule, node.name)
         counts[node.op_type] += 1

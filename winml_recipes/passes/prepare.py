@@ -93,13 +93,17 @@ class PreparePass(Pass[PrepareConfig]):
         self, src: Path | None, out_dir: Path, config: PrepareConfig, ctx: StepContext
     ) -> StepResult:
         from winml_recipes.graph.pipeline import prepare, stage_rules
+        from winml_recipes.graph.recurrent import UnrollBudgetError
         from winml_recipes.services.models import load_model, save_model
 
         assert src is not None
         source = load_model(src)
         before = len(source.graph.node)
         ep_rules = _ep_rules(ctx.target, config)
-        done = prepare(source, config.stages, config.max_folded_elements, ep_rules)
+        try:
+            done = prepare(source, config.stages, config.max_folded_elements, ep_rules)
+        except UnrollBudgetError as exc:
+            raise PassError(str(exc)) from None
         metrics: dict[str, Any] = {
             "nodes_before": before,
             "nodes_after": len(done.model.graph.node),

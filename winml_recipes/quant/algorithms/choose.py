@@ -3,7 +3,9 @@ samples on the target's EP (the CPU simulation where the EP is absent) against t
 model: by the catalog task's metric where one applies (what verify gates on), else by the
 lowest output SQNR; keep the best, the one with fewer algorithms on a tie, within a time
 budget. The record says what was tried, what each scored and took, and why the kept one
-was kept.
+was kept. A failure that is not about quality (a candidate that fails to quantize, or that
+the target cannot load: an NPU's finalize error) ends the search there: the remaining
+candidates are recorded as skipped, never run (the target's failure is verify's to name).
 
 The algorithms change weights; with 8-bit weights per channel at every precision, what
 uint8 loses against w8a16 is mostly its activation ranges. So where calibration is min/max
@@ -93,11 +95,15 @@ def choose(
 
     clip = cfg.calibration is not None and cfg.calibration.method == "minmax"
     planned = len(combos) + (1 if clip else 0)
+    stopped: list[str] = []  # a failure that is not about quality: no further candidates
 
     def run(i: int, combo: tuple[str, ...], ranges: str | None) -> None:
         entry: dict[str, Any] = {"algorithms": list(combo)}
         if ranges:
             entry["ranges"] = ranges
+        if stopped:
+            tried.append(entry | {"skipped": "the search stopped at a failure"})
+            return
         if i and time.perf_counter() - started > budget:
             tried.append(entry | {"skipped": "time budget spent"})
             return
@@ -112,9 +118,12 @@ def choose(
             if not i:
                 raise
             tried.append(entry | {"error": exc.message[:200]})
+            stopped.append(f"candidate {i} failed: {_first_line(exc.message)}")
             return
         if fallback:
             entry["cpu_fallback"] = fallback
+        if isinstance(fallback, str):  # the target cannot load it: verify says where and why
+            stopped.append(f"candidate {i} does not run on the target ({fallback})")
         entry["output_sqnr_db"] = _sqnr(reference, outputs)
         if metric is not None:
             entry["task_metric"] = metric.values(reference, outputs)
@@ -145,6 +154,7 @@ def choose(
         "kept": list(combo),
         "kept_ranges": ranges or cfg.calibration.method,
         "why": _why(combo, ranges, worst_key, plain, by, metric),
+        **({"stopped": stopped[0]} if stopped else {}),
         "budget_seconds": budget,
         "seconds": round(time.perf_counter() - started, 1),
         **done.algorithms,
@@ -175,8 +185,11 @@ def _run(candidate: Path, feeds: list[dict], device: str, ep: str) -> tuple[list
         run = run_on_target(candidate, feeds, device, {"allow_cpu_fallback": True}, ep=ep)
         return run.outputs, True
     except ExecutionProviderError as exc:
-        why = (exc.message.strip().splitlines() or ["the EP failed"])[0][:200]
-        return run_model(candidate, feeds), f"scored on the CPU EP: {why}"
+        return run_model(candidate, feeds), f"scored on the CPU EP: {_first_line(exc.message)}"
+
+
+def _first_line(message: str) -> str:
+    return (message.strip().splitlines() or ["failed"])[0][:200]
 
 
 def _sqnr(reference: list[dict], outputs: list[dict]) -> dict[str, float]:
