@@ -258,3 +258,24 @@ def test_max_with_minus_infinity_becomes_the_other_operand() -> None:
     count, ops = _same_after(model, {"x": x}, "infinite_bound_to_identity")
     assert count == 1
     assert ops == ["ReduceMax", "Max", "Min"]
+
+
+def test_rank5_tanh_is_computed_at_rank4() -> None:
+    """HTP refuses Tanh at rank 5: it runs on the leading axes merged, reshaped back
+    (exact); a rank-4 Tanh and a rank-5 Sigmoid (HTP places it) are left alone."""
+    nodes = [
+        helper.make_node("Tanh", ["x"], ["t"], name="tanh5"),
+        helper.make_node("Sigmoid", ["t"], ["s"], name="sig5"),
+        helper.make_node("Reshape", ["s", "four"], ["r"], name="r"),
+        helper.make_node("Tanh", ["r"], ["y"], name="tanh4"),
+    ]
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", F, [1, 2, 3, 4, 5])],
+        [helper.make_tensor_value_info("y", F, [2, 3, 4, 5])],
+        [numpy_helper.from_array(np.array([2, 3, 4, 5], np.int64), "four")],
+    )
+    x = np.random.default_rng(4).normal(0, 2, (1, 2, 3, 4, 5)).astype(np.float32)
+    count, ops = _same_after(model, {"x": x}, "high_rank_unary_to_rank4")
+    assert count == 1
+    assert ops == ["Reshape", "Tanh", "Reshape", "Sigmoid", "Reshape", "Tanh"]

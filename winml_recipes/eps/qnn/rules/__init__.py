@@ -36,6 +36,7 @@ RULES = (
     "zero_constant_add", "infinite_bound_to_identity", "rotate_pairwise_to_gather",
     "chunk_attention_queries", "waveform_conv_to_polyphase",
     "reduce_unit_axes", "whole_map_average_pool", "reduce_l2_to_sqrt_of_sum",
+    "high_rank_unary_to_rank4",
 )  # fmt: skip
 
 
@@ -206,6 +207,10 @@ def float_rewrites(max_tensor_elements: int | None = None) -> list[Step]:
         Step(r.ReduceUnitAxes.rule_name, _rules(one(r.ReduceUnitAxes, *_REDUCTIONS))),
         Step(r.WholeMapAveragePoolToGlobal.rule_name, _rules(one(r.WholeMapAveragePoolToGlobal))),
         Step(r.ReduceL2ToSqrtOfSum.rule_name, _rules(one(r.ReduceL2ToSqrtOfSum))),
+        Step(
+            r.HighRankUnaryToRank4.rule_name,
+            _rules(one(r.HighRankUnaryToRank4, *r.HIGH_RANK_REFUSED_UNARY)),
+        ),
         # (no dead-code pass after: the bypassed zero constants stay initializers, as the
         # protobuf rewrite left them; quantize drops what no node reads)
         Step(RULE_IDENTITY, _library_pass(_IdentityElimination())),

@@ -797,3 +797,43 @@ def _other_unbroadcast(node: ir.Node, constant_at: int) -> Any:
         if c != 1 and got != c:
             return "the constant broadcasts x to a larger shape"
     return other
+
+
+# Unary elementwise ops HTP refuses on a tensor of rank 5 or more (each alone between Q and
+# DQ on a [1, 2, 3, 16, 16] input, w8a16, onnxruntime-qnn 2.7): the ops that place at rank 5
+# (Sigmoid, Relu, Abs, Exp, LeakyRelu, HardSigmoid) are left alone.
+HIGH_RANK_REFUSED_UNARY = ("Tanh", "Sqrt", "Elu", "Neg", "Sin", "Erf", "Softplus")
+
+
+class HighRankUnaryToRank4(HtpRule):
+    """A unary elementwise op on a static tensor of rank >= 5 -> Reshape to rank 4 (the
+    leading axes merged), the op, Reshape back; exact (an elementwise op does not see the
+    shape).
+
+    HTP refuses Tanh (and the others of HIGH_RANK_REFUSED_UNARY) at rank 5, at every
+    precision and whatever its output encoding: an image decoder ending in Tanh on
+    [1, T, C, H, W] frames had its `frame` QuantizeLinear and Tanh nodes refused; at rank 4
+    the same ops place and agree with the CPU EP.
+    """
+
+    rule_name = "high_rank_unary_to_rank4"
+    log_refusals = False
+
+    def validate(self, node: ir.Node) -> Any:
+        shape = static_dims(node.inputs[0])
+        if shape is None or len(shape) < 5:
+            return "rank below 5 or not known"
+        if any(d is None for d in shape):
+            return "the input's dims are not static"
+        return node.inputs[0], shape
+
+    def replace(self, op, node: ir.Node, facts: Any) -> ir.Value:
+        x, shape = facts
+        base = _base(node)
+        flat = [int(np.prod(shape[:-3])), *shape[-3:]]
+        to4 = op.initializer(ir.tensor(np.array(flat, np.int64), name=f"{base}_rank4_shape"))
+        back = op.initializer(ir.tensor(np.array(shape, np.int64), name=f"{base}_shape"))
+        x4 = op.Reshape(x, to4, _name=f"{node.name}_to_rank4", _outputs=[f"{base}_rank4_in"])
+        attrs = dict(node.attributes.items())
+        y4 = op.op(node.op_type, x4, **attrs, _name=node.name, _outputs=[f"{base}_rank4"])
+        return op.Reshape(y4, back, _name=f"{node.name}_from_rank4", _outputs=[base])
