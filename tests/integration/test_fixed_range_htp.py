@@ -119,6 +119,7 @@ def test_frame_decoder_with_rank5_tanh_places_on_htp(tmp_path: Path, precision: 
         assert set(_output_encodings(quantized, "Tanh")) == {(2 / 65536, 32768)}
 
 
+@pytest.mark.slow  # a guard (main already got these right): kept out of CI's wall time
 def test_sigmoid_and_tanh_outputs_get_qnn_fixed_16bit_encodings(tmp_path: Path) -> None:
     model = _export(SigmoidGate(), (1, 3, 16, 16), tmp_path / "gate.onnx")
     _, verify, quantized = _build(tmp_path, model, (1, 3, 16, 16), "w8a16")
