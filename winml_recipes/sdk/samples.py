@@ -3,7 +3,8 @@
 (inputs_from), a two-tower model's label prompts (labelprompts.py), and how a pass names
 and digests its data for the manifest and the key.
 
-A facade over feeds.py, hfdata.py and labelprompts.py (see sdk/models.py for why passes import from here).
+A facade over feeds.py, hfdata.py and labelprompts.py (see sdk/models.py for why passes
+import from here).
 """
 
 from __future__ import annotations
