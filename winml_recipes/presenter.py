@@ -157,11 +157,11 @@ def zero_shot_line(record: dict[str, Any], simulated: dict | None, gates: list[G
     the CPU simulation's beside it where there is one."""
     values = record["values"]
     held = next((g for g in gates if g.output == "zero-shot"), None)
-    top1 = (
-        held.line(with_output=False) if held else f"top1_agreement {values['top1_agreement']:.4g}"
-    )
+    top1 = held.line(with_output=False) if held else ""
+    decided = int(values["decisive_images"])
+    top1 += f"; all images {values['top1_agreement']:.4g}, {decided} decided by float"
     sim = (simulated or {}).get("zero_shot")
-    beside = f" (CPU simulation {sim['top1_agreement']:.4g})" if sim else ""
+    beside = f", CPU simulation {sim['top1_agreement_decisive']:.4g}" if sim else ""
     return (
         f"zero-shot with {record['with']}: {top1}{beside}, {int(values['images'])} images x "
         f"{int(values['labels'])} prompts"

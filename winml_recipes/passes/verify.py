@@ -89,9 +89,10 @@ class VerifyConfig:
         "target's towers, gated by zero_shot_min_top1.",
     )
     zero_shot_min_top1: float = option(
-        0.75,
-        "With zero_shot_with: the share of images whose label the target's towers choose as "
-        "the float towers do (top-1 agreement).",
+        0.8,
+        "With zero_shot_with: the share of the images the float towers decide (best prompt "
+        "ahead of the second by at least 10% of the image's similarity spread) whose label "
+        "the target's towers choose as the float towers do (top1_agreement_decisive).",
         minimum=0,
         maximum=1,
     )

@@ -76,5 +76,8 @@ def judge(
         "prompts": list(PROMPTS),
         "values": values,
     }
-    gate = Gate(GATE, "top1_agreement", values["top1_agreement"], config.zero_shot_min_top1)
+    gate = Gate(
+        GATE, "top1_agreement_decisive", values["top1_agreement_decisive"],
+        config.zero_shot_min_top1,
+    )  # fmt: skip
     return record, gate

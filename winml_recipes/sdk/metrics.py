@@ -91,6 +91,9 @@ def zero_shot_labels(image_embeds: np.ndarray, text_embeds: np.ndarray) -> np.nd
     return (_unit_rows(image_embeds) @ _unit_rows(text_embeds).T).argmax(axis=1)
 
 
+DECISIVE_FRACTION = 0.1  # of an image's similarity spread: a label the float towers decide
+
+
 def zero_shot_agreement(
     reference: tuple[np.ndarray, np.ndarray], candidate: tuple[np.ndarray, np.ndarray]
 ) -> dict[str, float]:
@@ -98,7 +101,11 @@ def zero_shot_agreement(
     of the labels; similarity_max_abs, the largest change of an image-prompt similarity;
     flip_margin_max, the largest float margin (best minus second-best similarity) among the
     images whose label changed (0 without a change): a change of at most e in every
-    similarity can only flip a margin below 2e, so a flip above that is not noise."""
+    similarity can only flip a margin below 2e, so a flip above that is not noise;
+    top1_agreement_decisive, the agreement over the images the float towers decide (their
+    margin at least DECISIVE_FRACTION of the image's spread of similarities over the
+    prompts; 1.0 where none is), decisive_images how many: a near-tie the float model
+    hardly decides is reported, not held against the target."""
     want = zero_shot_labels(*reference)
     got = zero_shot_labels(*candidate)
     ref_sim = _unit_rows(reference[0]) @ _unit_rows(reference[1]).T
@@ -106,8 +113,12 @@ def zero_shot_agreement(
     ranked = np.sort(ref_sim, axis=1)
     margins = ranked[:, -1] - ranked[:, -2] if ref_sim.shape[1] > 1 else ranked[:, -1]
     flipped = margins[want != got]
+    decisive = margins >= DECISIVE_FRACTION * (ranked[:, -1] - ranked[:, 0])
+    kept = (want == got)[decisive]
     return {
         "top1_agreement": float(np.mean(want == got)),
+        "top1_agreement_decisive": float(kept.mean()) if kept.size else 1.0,
+        "decisive_images": float(decisive.sum()),
         "similarity_max_abs": float(np.max(np.abs(ref_sim - cand_sim))),
         "flip_margin_max": float(flipped.max()) if flipped.size else 0.0,
         "images": float(len(want)),
