@@ -10,7 +10,9 @@ LayerNormalization input has std 0.027 against 0.44 for the patch rows, in a ran
 the same happens to wav2vec2's silent frames. The input tensors whose narrowest row spans
 fewer than MIN_STEPS steps get 16-bit activations (an override, recorded in the quantize
 record as `layernorm_rows_16bit`); a model whose rows are all wide enough is left as it
-was. Models above MAX_MODEL_BYTES are not measured (the taps copy the model).
+was. Applied on the CPU EP (quantize calls it for cpu targets only: measured there; the
+NPU EPs' departures are repaired by quant/repair.py). Models above MAX_MODEL_BYTES are not
+measured (the taps copy the model).
 """
 
 from __future__ import annotations
