@@ -646,7 +646,7 @@ def _auto_config(config_dir: Path) -> Any:
     """transformers' config for a folder already checked by `modelfolder` (no code run)."""
     from transformers import AutoConfig
 
-    from winml_recipes.exporters import quiet_stdout
+    from winml_recipes.console import quiet_stdout
     from winml_recipes.modelfolder import TRUST_REMOTE_CODE
 
     try:

@@ -12,12 +12,14 @@ a single word longer than a line (a long path) stands alone on its line, whole.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import shutil
 import sys
 import textwrap
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 WIDTH = 80
 COLUMNS_ENV = "WINML_RECIPES_COLUMNS"
@@ -59,3 +61,16 @@ def fit_all(lines: Iterable[str], width: int | None = None) -> list[str]:
     """Every line of `lines` fitted to `width` (default: `console_width()`)."""
     width = width if width is not None else console_width()
     return [part for line in lines for part in fit(line, width)]
+
+
+@contextlib.contextmanager
+def quiet_stdout() -> Iterator[None]:
+    """Swallow progress chatter on stdout; replay it on stderr if the block fails."""
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            yield
+    except BaseException:
+        if buf.getvalue():
+            sys.stderr.write(buf.getvalue())
+        raise

@@ -95,6 +95,8 @@ def step_lines(s: StepRecord) -> list[str]:
         out.append(f"{s.pass_name} skipped: {s.reason or ''}")
     if s.verified and metrics.get("task_metric"):
         out.append(task_line(metrics["task_metric"], s.gates))
+    if s.verified and metrics.get("zero_shot"):
+        out.append(zero_shot_line(metrics["zero_shot"], metrics.get("cpu_simulation"), s.gates))
     if s.verified:
         out += [output_line(o, met, s.gates) for o, met in (metrics.get("outputs") or {}).items()]
     return out
@@ -152,6 +154,22 @@ def task_line(task: dict[str, Any], gates: list[Gate]) -> str:
         for k, v in task["values"].items()
     ]
     return f"{task['task']} ({task['metric']}): " + ", ".join(parts)
+
+
+def zero_shot_line(record: dict[str, Any], simulated: dict | None, gates: list[Gate]) -> str:
+    """The two towers judged together (verify.zero_shot_with): the gated agreement, and
+    the CPU simulation's beside it where there is one."""
+    values = record["values"]
+    held = next((g for g in gates if g.output == "zero-shot"), None)
+    top1 = held.line(with_output=False) if held else ""
+    decided = int(values["decisive_images"])
+    top1 += f"; all images {values['top1_agreement']:.4g}, {decided} decided by float"
+    sim = (simulated or {}).get("zero_shot")
+    beside = f", CPU simulation {sim['top1_agreement_decisive']:.4g}" if sim else ""
+    return (
+        f"zero-shot with {record['with']}: {top1}{beside}, {int(values['images'])} images x "
+        f"{int(values['labels'])} prompts"
+    )
 
 
 def output_line(output: str, metrics: dict[str, Any], gates: list[Gate]) -> str:

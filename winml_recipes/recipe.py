@@ -693,4 +693,28 @@ def _components(
             steps.append(Step(name, dict(options or {}), line, from_presets=base is None))
         components[cname] = _auto_scores_on_held_out(tuple(steps))
         dims[cname] = {**data.get("dims", {}), **own.get("dims", {})}
-    return components, dims
+    return _zero_shot_paired(catalog, components), dims
+
+
+ZERO_SHOT_TASK = "zero-shot-image-classification"
+
+
+def _zero_shot_paired(
+    catalog: CatalogEntry, components: dict[str, tuple[Step, ...]]
+) -> dict[str, tuple[Step, ...]]:
+    """A two-tower entry (task zero-shot-image-classification, one text-embedding and one
+    image-embedding component): the image tower's preset verify also judges the towers
+    together (`verify.zero_shot_with`); a recipe that writes its own steps says it itself."""
+    if catalog.data.get("task") != ZERO_SHOT_TASK:
+        return components
+    by_task = {c.task: n for n, c in catalog.components.items()}
+    text, image = by_task.get("text-embedding"), by_task.get("image-embedding")
+    if text is None or image is None:
+        return components
+    steps = tuple(
+        replace(s, options={"zero_shot_with": text, **s.options})
+        if s.name == "verify" and s.from_presets
+        else s
+        for s in components[image]
+    )
+    return {**components, image: steps}

@@ -167,11 +167,11 @@ def test_question_answering_builds_on_htp(folders, tmp_path, monkeypatch) -> Non
     assert values["span_agreement"] >= 0.8 and values["samples"] >= 2
 
 
-# Measured (bench/text_families.py): s8/s8 static QDQ of the tiny random-weight DINOv2 puts
-# its pooled embedding at cosine_worst 0.897 on the CPU EP (gate 0.95); w8a16 on HTP 0.997.
-KNOWN = {
-    ("dinov2", "cpu/int8"): "cpu/int8 DINOv2 tiny: pooler_output cosine_worst 0.897 < 0.95",
-}
+# Known failures: none. (Before stop 39, s8/s8 static QDQ of the tiny random-weight DINOv2
+# put its pooled embedding at cosine_worst 0.897 on the CPU EP (gate 0.95): its CLS rows
+# spanned 1.8 steps of the 8-bit LayerNormalization inputs; quant/narrow_rows.py keeps those
+# inputs at 16 bit: 0.981.)
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def _cases() -> list:

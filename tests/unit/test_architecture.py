@@ -135,7 +135,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # Sessions on an EP plugin, what a run costs, the memory budget.
     ("runtime", ("winml_recipes.runtime", "winml_recipes.runcost", "winml_recipes.engine.budget")),
     # Sample inputs: synthetic, npz, images, datasets, upstream outputs.
-    ("inputs", ("winml_recipes.feeds", "winml_recipes.hfdata")),
+    ("inputs", ("winml_recipes.feeds", "winml_recipes.hfdata", "winml_recipes.labelprompts")),
     # What the SDK hands to passes: facades over the three layers below.
     ("services", ("winml_recipes.services",)),
     # The algorithms of our own passes: what a third-party pass brings in its own package.

@@ -93,6 +93,8 @@ class ChainState:
     ship_model: bool = True
     # The model a sample-input step (Pass.sample_inputs, e.g. calibration) ran, and its digest.
     calibrated: tuple[Path, str] | None = None
+    # The model a judging step (Pass.judges_candidate, verify) ran, and its digest.
+    judged: tuple[Path, str] | None = None
 
     def after(self, model: Path | None, digest: str | None, produces_reference: bool) -> ChainState:
         """The state after a step that wrote `model` (None: it wrote none, nothing changes)."""
@@ -527,6 +529,8 @@ def run_steps(
         if not step.skip and sample_inputs_of(step.impl, step.config) is not None:
             assert state.model is not None
             state = replace(state, calibrated=(state.model, state.digest))
+        if not step.skip and step.impl.judges_candidate and state.model is not None:
+            state = replace(state, judged=(state.model, state.digest))
         started = time.perf_counter()
         try:
             record, state = _run_step(
@@ -590,6 +594,7 @@ def upstream_of(comp: ComponentPlan, state: ChainState) -> UpstreamComponent | N
         comp.contract,
         calibration,
         *(state.calibrated or (None, None)),
+        *(state.judged or (None, None)),
     )
 
 

@@ -15,10 +15,8 @@ of the same request serialize to identical bytes.
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import os
-import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -29,6 +27,7 @@ from typing import Any
 
 import onnx
 
+from winml_recipes.console import quiet_stdout
 from winml_recipes.modelfolder import TRUST_REMOTE_CODE, check_folder, refuse_auto_map
 from winml_recipes.sdk.errors import InternalError, PlanError, SourceError
 from winml_recipes.sdk.plugins import check_available, load_entry_points
@@ -229,19 +228,6 @@ def build_random(factory: Callable[[], Any], seed: int) -> Any:
         torch.manual_seed(seed)
         model = factory()
     return model.float().eval()
-
-
-@contextlib.contextmanager
-def quiet_stdout() -> Iterator[None]:
-    """Swallow progress chatter on stdout; replay it on stderr if the block fails."""
-    buf = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(buf):
-            yield
-    except BaseException:
-        if buf.getvalue():
-            sys.stderr.write(buf.getvalue())
-        raise
 
 
 @contextlib.contextmanager

@@ -547,6 +547,20 @@ def _quantize_with(
     ranges_path = work_dir / "ranges.json"
     write_ort_cache(ranges, ranges_path)
     overrides, float_nodes = compile_regions(cfg.regions, model, tensors)
+    # LayerNormalization inputs with rows too narrow for one 8-bit encoding: 16 bit (on the
+    # CPU EP, where it was measured; NPU EPs have their own repair, quant/repair.py)
+    from winml_recipes.quant.narrow_rows import narrow_rows
+
+    narrow = (
+        narrow_rows(model, ranges, counted.factory, cfg.activation_type, work_dir)
+        if cfg.ep == "cpu"
+        else {}
+    )
+    narrow = {t: v for t, v in narrow.items() if t not in overrides}  # the recipe's choice
+    if narrow:
+        wide = "int16" if cfg.activation_type.startswith("int") else "uint16"
+        overrides |= {t: [{"quant_type": wide}] for t in narrow}
+        ep_metrics["layernorm_rows_16bit"] = narrow
     # the producers and readers of a tensor with no range stay float
     float_nodes = [*float_nodes, *_touching(model, nonfinite)]
     if rules is not None:  # nodes the EP cannot run quantized, with its reasons

@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from winml_recipes.passes import verify_zeroshot as zeroshot
 from winml_recipes.sdk.config import option
 from winml_recipes.sdk.errors import PassError, QualityGateError
 from winml_recipes.sdk.gates import Gate, gates_for
@@ -80,6 +81,21 @@ class VerifyConfig:
         "prompts per encoded image, each image encoded once).",
         minimum=1,
     )
+    zero_shot_with: str | None = option(
+        None,
+        "A two-tower model's image tower: the text tower component to judge zero-shot image "
+        "classification with, after both towers' own checks: each verified image's label is "
+        "the most similar label prompt (cosine of the embeddings), float towers vs the "
+        "target's towers, gated by zero_shot_min_top1.",
+    )
+    zero_shot_min_top1: float = option(
+        0.8,
+        "With zero_shot_with: the share of the images the float towers decide (best prompt "
+        "ahead of the second by at least 10% of the image's similarity spread) whose label "
+        "the target's towers choose as the float towers do (top1_agreement_decisive).",
+        minimum=0,
+        maximum=1,
+    )
     allow_cpu_fallback: bool = option(
         False,
         "Let nodes the target's EP refuses run on the CPU EP (off: the build fails naming "
@@ -146,6 +162,7 @@ class VerifyPass(Pass[VerifyConfig]):
     )
     uses_reference = True
     uses_contract = True
+    judges_candidate = True
 
     def skip_reason(self, facts: ModelFacts, config: VerifyConfig, target: Target) -> str | None:
         if not facts.has_reference:
@@ -192,6 +209,8 @@ class VerifyPass(Pass[VerifyConfig]):
                 )
         if config.inputs_from:
             check_component(config.inputs_from, ctx, "verify.inputs_from")
+        if config.zero_shot_with:
+            check_component(config.zero_shot_with, ctx, "verify.zero_shot_with")
         chosen = [k for k in ("npz", "images", "dataset", "inputs_from") if getattr(config, k)]
         if len(chosen) > 1:
             raise PlanError(f"verify: {' and '.join(chosen)} are two data sources; keep one")
@@ -219,8 +238,15 @@ class VerifyPass(Pass[VerifyConfig]):
         from winml_recipes.passes.verify_layers import LAYERS_ENV
 
         layers = {} if os.environ.get(LAYERS_ENV) != "0" else {"layers": False}
+        paired = ctx.upstream.get(config.zero_shot_with or "")
+        zero_shot = (
+            {"zero_shot": {"candidate": paired.candidate_digest, "prompts": zeroshot.PROMPTS_KEY}}
+            if paired is not None
+            else {}
+        )
         return {
             **layers,  # whether the record holds the per-layer comparison (report.html)
+            **zero_shot,  # the other tower's judged model and the label prompts
             "task": ctx.task,  # chooses the task metric
             "data": upstream_data_digest(source, ctx.upstream, ctx.recipe_dir),
             "execution_provider": identity(provider_for(ctx.target).key),
@@ -241,7 +267,7 @@ class VerifyPass(Pass[VerifyConfig]):
         ]
 
     def depends_on(self, config: VerifyConfig) -> tuple[str, ...]:
-        return (config.inputs_from,) if config.inputs_from else ()
+        return tuple(c for c in (config.inputs_from, config.zero_shot_with) if c)
 
     def opens_on_target(self, config: VerifyConfig) -> bool:
         return config.on_target
@@ -342,6 +368,10 @@ class VerifyPass(Pass[VerifyConfig]):
             simulated_task = _task_metric(ctx, config, reference, sim_runs)
             if simulated_task is not None:  # the task metric the simulation gives, beside
                 record["cpu_simulation"]["task_metric"] = simulated_task[0]["values"]
+            if config.zero_shot_with:
+                record["cpu_simulation"]["zero_shot"] = zeroshot.judge(
+                    config, ctx, reference, sim_runs, on_target=False
+                )[0]["values"]
             if config.locate_divergence and _departs(simulated, metrics, sim_runs, target.outputs):
                 record["first_divergence"] = _locate(src, feeds, options, ctx, out_dir)
         record["outputs"] = metrics
@@ -351,6 +381,11 @@ class VerifyPass(Pass[VerifyConfig]):
             if config.task_decides and task_gates:
                 gates = [replace(g, advisory=True) for g in gates]
             gates = [*task_gates, *gates]
+        if config.zero_shot_with:  # the two towers together, after each tower's own check
+            record["zero_shot"], zero_shot_gate = zeroshot.judge(
+                config, ctx, reference, target.outputs, on_target=True
+            )
+            gates.insert(0, zero_shot_gate)
         record["gates"] = [g.to_manifest() for g in gates]
         record["passed"] = all(g.holds for g in gates)
         failed = [g for g in gates if not g.holds]

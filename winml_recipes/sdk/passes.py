@@ -51,6 +51,9 @@ class Pass(ABC, Generic[ConfigT]):
     uses_contract: ClassVar[bool] = False
     # Passes whose output is the float reference later steps are verified against.
     produces_reference: ClassVar[bool] = False
+    # Passes that judge the model they get (verify): a downstream step that reads this
+    # component (depends_on) sees that model as its `UpstreamComponent.candidate`.
+    judges_candidate: ClassVar[bool] = False
     # False for passes whose output does not depend on the device/precision: their cache
     # entries are shared by every target (an export is reused by cpu and npu builds).
     target_dependent: ClassVar[bool] = True

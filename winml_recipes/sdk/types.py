@@ -71,6 +71,10 @@ class UpstreamComponent:
     # downstream calibration from it reuses the outputs that step stored.
     calibrated_model: Path | None = None
     calibrated_digest: str | None = None
+    # The model its judging step (verify) ran as the candidate, and its digest: what a
+    # cross-component metric (verify.zero_shot_with) runs beside this step's own candidate.
+    candidate: Path | None = None
+    candidate_digest: str | None = None
 
     def for_calibration(self) -> tuple[Path, str]:
         """(model, digest) that produces a downstream component's calibration inputs."""

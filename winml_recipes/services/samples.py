@@ -1,8 +1,10 @@
 """Sample inputs for passes: synthetic feeds from the I/O contract, npz files, images
 (bundled or a folder), Hugging Face dataset splits, the upstream component's outputs
-(inputs_from), and how a pass names and digests its data for the manifest and the key.
+(inputs_from), a two-tower model's label prompts (labelprompts.py), and how a pass names
+and digests its data for the manifest and the key.
 
-A facade over feeds.py and hfdata.py (see services/models.py for why passes import from here).
+A facade over feeds.py, hfdata.py and labelprompts.py (see services/models.py for why
+passes import from here).
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ if TYPE_CHECKING:  # the names, for type checkers and editors
         upstream_data_digest,
     )
     from winml_recipes.hfdata import check_split, open_split
+    from winml_recipes.labelprompts import PROMPTS, prompt_feeds, source_folder
 
 __all__ = [
+    "PROMPTS",
     "UpstreamFeeds",
     "bundled_audio_input",
     "bundled_image_input",
@@ -41,6 +45,8 @@ __all__ = [
     "npz_files",
     "open_split",
     "outputs_for",
+    "prompt_feeds",
+    "source_folder",
     "store_outputs",
     "synthetic",
     "take",
@@ -67,6 +73,10 @@ def __getattr__(name: str) -> Any:
         "upstream_data_digest",
     ):
         from winml_recipes import feeds as module
+
+        return getattr(module, name)
+    if name in ("PROMPTS", "prompt_feeds", "source_folder"):
+        from winml_recipes import labelprompts as module
 
         return getattr(module, name)
     if name in ("check_split", "open_split"):

@@ -1,0 +1,92 @@
+"""A precision choice for LayerNormalization inputs whose rows differ in spread.
+
+LayerNormalization divides each row (its normalized axes) by that row's own standard
+deviation, so a row's quantization error comes out scaled by 1/std of that row. One 8-bit
+encoding per tensor spends its 256 steps on the widest rows; a row much narrower than the
+tensor's range is left with a few steps, and after the division its error is as large as
+its signal. Measured on the tiny DINOv2 (random weights, cpu/int8): the CLS row of every
+LayerNormalization input has std 0.027 against 0.44 for the patch rows, in a range of 1.9
+(3.6 steps of the 8-bit encoding), so the pooled CLS embedding came out at cosine 0.897;
+the same happens to wav2vec2's silent frames. The input tensors whose narrowest row spans
+fewer than MIN_STEPS steps get 16-bit activations (an override, recorded in the quantize
+record as `layernorm_rows_16bit`); a model whose rows are all wide enough is left as it
+was. Applied on the CPU EP (quantize calls it for cpu targets only: measured there; the
+NPU EPs' departures are repaired by quant/repair.py). Models above MAX_MODEL_BYTES are not
+measured (the taps copy the model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+# A row spanning k steps (std / step) keeps about 20*log10(k) + 10.8 dB after the
+# LayerNormalization's division; 8 steps is 28.8 dB, the level the w8a16 presets gate at.
+MIN_STEPS = 8.0
+SAMPLES = 4  # calibration samples the row spreads are measured on
+MAX_MODEL_BYTES = 1 << 30  # the taps copy the model in memory: larger ones are not measured
+
+
+def _ln_inputs(model: onnx.ModelProto, activations: Iterable[str]) -> dict[str, int]:
+    """Quantized LayerNormalization inputs -> their normalization axis."""
+    acts = set(activations)
+    out: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type != "LayerNormalization" or node.input[0] not in acts:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
+        out[node.input[0]] = int(axis)
+    return out
+
+
+def narrow_rows(
+    model: onnx.ModelProto,
+    ranges: Mapping[str, tuple[float, float]],
+    feeds: Callable[[], Iterable[dict[str, np.ndarray]]],
+    activation_type: str,
+    work_dir: Path,
+) -> dict[str, dict[str, Any]]:
+    """The LayerNormalization inputs to keep at 16 bit: tensor -> {narrowest row std,
+    steps it spans at 8 bit, the median row's steps}. Nothing for 16-bit activations."""
+    if activation_type.endswith("16"):
+        return {}
+    inputs = {t: a for t, a in _ln_inputs(model, ranges).items() if t in ranges}
+    if not inputs or model.ByteSize() > MAX_MODEL_BYTES:
+        return {}
+    from winml_recipes.onnx.io import save_model
+    from winml_recipes.quant.divergence import _with_outputs
+    from winml_recipes.runtime.sessions import run_model
+
+    tapped = onnx.ModelProto()
+    tapped.CopyFrom(model)
+    path = save_model(_with_outputs(tapped, list(inputs)), work_dir / "narrow-rows" / "model.onnx")
+    del tapped
+    batch = [feed for _, feed in zip(range(SAMPLES), feeds(), strict=False)]
+    seen: dict[str, list[np.ndarray]] = {t: [] for t in inputs}
+    for outputs in run_model(path, batch):
+        for name in inputs:
+            value = np.asarray(outputs[name], np.float64)
+            axis = inputs[name] % value.ndim
+            rows = value.reshape(int(np.prod(value.shape[:axis])), -1)
+            seen[name].append(rows.std(axis=1))
+    out: dict[str, dict[str, Any]] = {}
+    for name, stds in seen.items():
+        if not stds:
+            continue
+        lo, hi = ranges[name]
+        step = (max(hi, 0.0) - min(lo, 0.0)) / 255.0
+        if step <= 0:
+            continue
+        spreads = np.concatenate(stds)
+        narrowest = float(spreads.min())
+        if narrowest / step < MIN_STEPS:
+            out[name] = {
+                "narrowest_row_std": round(narrowest, 6),
+                "steps_at_8_bit": round(narrowest / step, 2),
+                "median_row_steps": round(float(np.median(spreads)) / step, 2),
+            }
+    return out
