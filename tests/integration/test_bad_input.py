@@ -393,6 +393,7 @@ def test_plan_json(proj: Project) -> None:
                 "seed": 0,
                 "skip": 0,
                 "samples_per_upstream": 1,
+                "zero_shot_min_top1": 0.8,
                 "allow_cpu_fallback": False,
                 "allow_calibration_overlap": False,
                 "on_target": True,

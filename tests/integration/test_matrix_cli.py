@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.conftest import cli, cli_subprocess, make_mlp_onnx, make_mlp_project
 
@@ -296,6 +297,7 @@ def test_a_task_on_a_model_on_disk_expects_its_steps_own_estimates(tmp_path) -> 
     assert expected >= own.mb
 
 
+@pytest.mark.slow  # suite wall time: test_ray's killed worker covers the retry in CI
 def test_a_pool_worker_killed_mid_task_has_its_task_run_again(tmp_path) -> None:
     """SIGKILL the pool worker while it quantizes: the pool breaks, the target runs again
     on a fresh pool (reading the export the dead worker cached) and builds."""

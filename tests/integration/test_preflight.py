@@ -165,6 +165,7 @@ def test_the_api_build_checks_every_component_first(tmp_path: Path) -> None:
     _check_evidence(tmp_path / "out" / "pair" / "npu-w8a16.failed")
 
 
+@pytest.mark.slow  # suite wall time: the local executor runs the same preflight in CI
 def test_the_pool_executor_fails_in_the_preflight_too(tmp_path: Path) -> None:
     recipe, catalog = _pair(tmp_path)
     out, report = tmp_path / "out", tmp_path / "report.json"
