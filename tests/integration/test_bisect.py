@@ -86,7 +86,8 @@ def quantized_chain(tmp_path: Path) -> Path:
     return out
 
 
-@pytest.mark.slow  # suite wall time: test_a_quantized_graph_bisects_to_its_float_gather runs the same bisection in CI
+# suite wall time: test_a_quantized_graph_bisects_to_its_float_gather bisects alike in CI
+@pytest.mark.slow
 def test_a_float_gather_fails_to_finalize_and_bisection_names_it(tmp_path: Path) -> None:
     model = chain(tmp_path / "chain.onnx")
     with pytest.raises(ExecutionProviderError, match="Failed to finalize QNN graph") as err:

@@ -65,7 +65,8 @@ def test_cached_rebuild_runs_nothing_and_keeps_bytes(tiny_build, tmp_path) -> No
         assert path.read_bytes() == tiny_build.models[name].read_bytes()
 
 
-@pytest.mark.slow  # suite wall time: the goldens pin the emitted graphs in CI; this rebuilds everything twice
+# suite wall time: the goldens pin the emitted graphs in CI; this rebuilds everything twice
+@pytest.mark.slow
 def test_no_cache_builds_are_byte_identical(tiny_build, tmp_path) -> None:
     """A build that runs every step again gives the bytes of the session's earlier build."""
     a = api.build(RECIPES / "sam3-tiny.yaml", output_root=tmp_path / "a", use_cache=False)
