@@ -367,6 +367,19 @@ def _mlp_project(tmp_path: Path, compile_step: str) -> Path:
 
 
 def test_compile_writes_an_epcontext_model_that_matches_on_htp(tmp_path: Path) -> None:
+    """Run in a fresh process: onnxruntime-qnn keeps the first `htp_arch`/`soc_model` a
+    process gave it for every later QNN session there (measured: after this build in the
+    suite's process, a graph HTP fails to finalize with MEM_ALLOC was refused node by node
+    instead, and an LSTM that cannot finalize did), so later tests would run on arch 73."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+        pool.submit(_compile_for_arch_73, tmp_path).result()
+
+
+def _compile_for_arch_73(tmp_path: Path) -> None:
     recipe = _mlp_project(tmp_path, "{compile: {htp_arch: 73, soc_model: 60}}")
     result = api.build(recipe, device="npu", precision="w8a16", output_root=tmp_path / "out")
     out = result.output_dir / "model"

@@ -299,7 +299,6 @@ def lstm_graph(path: Path, steps: int = 12, hidden: int = 16) -> Path:
     )
 
 
-@pytest.mark.slow  # once, in the full suite, the emulator finalized this LSTM: see the note
 def test_auto_stops_at_a_candidate_the_target_cannot_load(tmp_path) -> None:
     """A failure that is not about quality ends the search: the plain candidate cannot be
     loaded on HTP (MEM_ALLOC at finalize), so no further candidate is quantized or tried on

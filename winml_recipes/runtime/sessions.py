@@ -235,6 +235,14 @@ def _refused(
     why = f"; the EP says: {reason}" if reason else ""
     if not refused:
         shown = "unknown nodes"
+    over = _over_rank(path, [n for n, _ in refused], ep.max_rank) if ep.max_rank else []
+    if over:
+        node, tensor, shape = over[0]
+        why += (
+            f"; {len(over)} of them touch a tensor of rank above {ep.max_rank}, the highest "
+            f"{ep.display_name or ep.key} takes (e.g. {node}: {tensor} {shape}): fold those "
+            f"dims into rank {ep.max_rank} or less in the model, or run them on the CPU"
+        )
     dynamic = _dynamic_inputs(path)
     if dynamic and not ep.is_cpu:
         why += (
@@ -247,6 +255,37 @@ def _refused(
         "those ops out of the graph",
         where=str(path),
     )
+
+
+def _over_rank(
+    path: Path, names: Sequence[str], max_rank: int
+) -> list[tuple[str, str, list[int | str]]]:
+    """The refused nodes that read or write a tensor of rank above `max_rank` (from the
+    graph's inferred shapes): (node, tensor, shape), in the refusal's order."""
+    import onnx
+
+    from winml_recipes.onnx.io import load_model
+
+    try:
+        model = onnx.shape_inference.infer_shapes(load_model(path, load_external_data=False))
+    except Exception:  # a graph shape inference cannot read: no hint, the refusal stands
+        return []
+    graph = model.graph
+    shapes = {
+        v.name: [d.dim_value if d.HasField("dim_value") else d.dim_param
+                 for d in v.type.tensor_type.shape.dim]
+        for v in [*graph.value_info, *graph.input, *graph.output]
+        if v.type.tensor_type.HasField("shape")
+    }  # fmt: skip
+    nodes = {n.name: n for n in graph.node if n.name}
+    out: list[tuple[str, str, list[int | str]]] = []
+    for name in names:
+        node = nodes.get(name)
+        tensors = [*node.input, *node.output] if node is not None else []
+        wide = [t for t in tensors if t in shapes and len(shapes[t]) > max_rank]
+        if wide:
+            out.append((name, wide[0], shapes[wide[0]]))
+    return out
 
 
 def _dynamic_inputs(path: Path) -> list[str]:

@@ -11,7 +11,8 @@ entry-point group (`name = "package.module:PLUGIN"`). It says:
   to select (`select_devices`), its library `versions()` (manifest and cache key);
 - placement: `refusal_reason(log)` reads the EP's log when it refused nodes;
   `may_fail_to_finalize`: a graph it accepted may still fail when the session is created
-  (then checked before any calibration);
+  (then checked before any calibration); `max_rank`: the highest tensor rank it places
+  (a refusal names the nodes above it);
 - quantization: `quant_rules` (a `QuantRules`: types, shared encodings, op constraints,
   hooks around calibration and onnxruntime's quantizer), or None (no EP-specific rules);
 - graph rewrites: `graph_rules()` (a `GraphRules`: the exact float rewrites the `prepare`
@@ -171,6 +172,9 @@ class ExecutionProvider:
     # node by node (an NPU's allocation error naming no node): a build then
     # checks each component there before any calibration (the `fail_fast` steps).
     may_fail_to_finalize: bool = False
+    # The highest tensor rank it places (None: no limit known): a refusal names the refused
+    # nodes that touch a tensor above it.
+    max_rank: int | None = None
     # How a person reads its results' origin (a product name); None: the key.
     display_name: str | None = None
 
