@@ -347,13 +347,16 @@ def head_pool_graph(path: Path) -> Path:
     )  # fmt: skip
 
 
-def test_a_pool_over_the_whole_map_reaches_htp(tmp_path: Path) -> None:
+def _ort_fails_and_the_rule_reaches_htp(
+    tmp_path: Path, model: Path, shape: tuple[int, ...], ort_error: str, rule: str, node: str
+) -> None:
+    """onnxruntime's QNN recipe gives a graph HTP cannot take (`ort_error`); the tool's build
+    rewrites `node` by `rule` and verifies on HTP at >= 30 dB."""
     from winml_recipes.runtime.sessions import open_session
     from winml_recipes.sdk.errors import ExecutionProviderError
 
-    model = head_pool_graph(tmp_path / "pool.onnx")
-    bad = _ort_qnn_quantize(model, tmp_path / "ort.onnx", feeds(-1.0, 1.0, (1, 8, 2, 2), 4))
-    with pytest.raises(ExecutionProviderError, match="AveragePool"):
+    bad = _ort_qnn_quantize(model, tmp_path / "ort.onnx", feeds(-1.0, 1.0, shape, 4))
+    with pytest.raises(ExecutionProviderError, match=ort_error):
         open_session(bad, "qnn-htp", fallback=False)
     recipe = project(
         tmp_path, model, "[-1.0, 1.0]",
@@ -362,10 +365,17 @@ def test_a_pool_over_the_whole_map_reaches_htp(tmp_path: Path) -> None:
     result = api.build(recipe, device="npu", precision="w8a16", output_root=tmp_path / "out")
     steps = steps_of(result)
     rewrites = steps["prepare"]["metrics"]["rewrites"]
-    assert {"rule": "whole_map_average_pool", "nodes": ["pool"], "count": 1} in rewrites
+    assert {"rule": rule, "nodes": [node], "count": 1} in rewrites
     verify = steps["verify"]["metrics"]
     assert verify["verified_on"] == "qnn-htp"
     assert verify["outputs"]["y"]["sqnr_db"] >= 30
+
+
+def test_a_pool_over_the_whole_map_reaches_htp(tmp_path: Path) -> None:
+    model = head_pool_graph(tmp_path / "pool.onnx")
+    _ort_fails_and_the_rule_reaches_htp(
+        tmp_path, model, (1, 8, 2, 2), "AveragePool", "whole_map_average_pool", "pool"
+    )
 
 
 def grn_graph(path: Path) -> Path:
@@ -393,21 +403,7 @@ def grn_graph(path: Path) -> Path:
 
 
 def test_response_normalization_reaches_htp(tmp_path: Path) -> None:
-    from winml_recipes.runtime.sessions import open_session
-    from winml_recipes.sdk.errors import ExecutionProviderError
-
     model = grn_graph(tmp_path / "grn.onnx")
-    bad = _ort_qnn_quantize(model, tmp_path / "ort.onnx", feeds(-1.0, 1.0, (1, 4, 4, 16), 4))
-    with pytest.raises(ExecutionProviderError, match="MEM_ALLOC"):
-        open_session(bad, "qnn-htp", fallback=False)
-    recipe = project(
-        tmp_path, model, "[-1.0, 1.0]",
-        "[{prepare: {stages: [ep]}}, quantize, {verify: {min_sqnr_db: 30}}]",
-    )  # fmt: skip
-    result = api.build(recipe, device="npu", precision="w8a16", output_root=tmp_path / "out")
-    steps = steps_of(result)
-    rewrites = steps["prepare"]["metrics"]["rewrites"]
-    assert {"rule": "reduce_l2_to_sqrt_of_sum", "nodes": ["l2"], "count": 1} in rewrites
-    verify = steps["verify"]["metrics"]
-    assert verify["verified_on"] == "qnn-htp"
-    assert verify["outputs"]["y"]["sqnr_db"] >= 30
+    _ort_fails_and_the_rule_reaches_htp(
+        tmp_path, model, (1, 4, 4, 16), "MEM_ALLOC", "reduce_l2_to_sqrt_of_sum", "l2"
+    )

@@ -15,6 +15,14 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def logits_output(contract: IOContract, rank: int) -> tuple[str, ...] | None:
+    """The output a logits metric reads: the one named `logits` of that rank, else the first
+    output of that rank; None where there is none."""
+    ranked = [s for s in contract.outputs if len(s.shape) == rank]
+    chosen = [s for s in ranked if s.name == "logits"] or ranked
+    return (chosen[0].name,) if chosen else None
+
+
 class TopKAgreement(TaskMetric):
     """Top-1 and top-5 agreement with the float model's top-1 class, and the mean KL
     divergence of the softmax (float || target)."""
@@ -30,10 +38,7 @@ class TopKAgreement(TaskMetric):
     lower_is_better = frozenset({"kl_mean"})
 
     def outputs_used(self, contract: IOContract) -> tuple[str, ...] | None:
-        ranked = [s for s in contract.outputs if len(s.shape) == 2]
-        named = [s for s in ranked if s.name == "logits"]
-        chosen = (named or ranked)[:1]
-        return (chosen[0].name,) if chosen else None
+        return logits_output(contract, rank=2)
 
     def values(
         self, reference: Sequence[Outputs], candidate: Sequence[Outputs]

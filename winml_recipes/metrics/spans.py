@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from winml_recipes.metrics.classification import logits_output
 from winml_recipes.sdk.contract import IOContract
 from winml_recipes.sdk.metrics import DefaultGate, Outputs, TaskMetric
 
@@ -62,10 +63,7 @@ class TokenLabelAgreement(TaskMetric):
     gates = {"token_agreement": DefaultGate(0.9)}
 
     def outputs_used(self, contract: IOContract) -> tuple[str, ...] | None:
-        ranked = [s for s in contract.outputs if len(s.shape) == 3]
-        named = [s for s in ranked if s.name == "logits"]
-        chosen = (named or ranked)[:1]
-        return (chosen[0].name,) if chosen else None
+        return logits_output(contract, rank=3)
 
     def values(
         self, reference: Sequence[Outputs], candidate: Sequence[Outputs]
