@@ -129,7 +129,9 @@ def _random_weights(build: BuildFolder) -> list[str]:
 
 def _ran(summary: dict[str, Any]) -> str:
     runs = summary.get("target_run", {})
-    where = sorted({r["ran_on"] for r in runs.values()})
+    from winml_recipes.sdk.ep import ran_on_name
+
+    where = sorted({ran_on_name(r) for r in runs.values()})  # the plugin's shown name
     files = sorted({Path(r["model"]).name for r in runs.values()})
     return f"{', '.join(where)} ({', '.join(files)})"
 
