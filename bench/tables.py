@@ -9,6 +9,13 @@ naming each row's commit, so a page never mixes commits silently. To change a nu
 edit the results file (or write it from the bench script's JSON) and run `make tables`;
 `tests/docs/test_tables.py` fails when a page's table differs from what its results render.
 
+A results file with `families` instead of `rows` is a summary derived from the others
+(README's table of task families): each family lists its `evidence`, rows of other results
+files named by their first cell, and each target column counts the rows whose cell for
+that target (the first column naming it) holds no failure, naming the ones that fail; the
+commit column lists the evidence rows' commits. So the summary cannot claim more than the
+measured rows say.
+
 `python bench/tables.py` rewrites the regions; `--check` changes nothing and exits 1
 naming each page whose table differs. Needs nothing but the standard library.
 """
@@ -26,15 +33,61 @@ RESULTS = REPO / "docs" / "results"
 COMMIT = re.compile(r"[0-9a-f]{7,40}")
 
 
+FAILED = re.compile(r"fail|refus|error|exit \d", re.I)
+
+
+def _target_column(columns: list[str], target: str) -> int | None:
+    """The first column measuring `target` after the change (not a "before" column)."""
+    return next(
+        (i for i, c in enumerate(columns) if target in c and "before" not in c.lower()), None
+    )
+
+
+def derive(data: dict, results: Path) -> dict:
+    """The summary rows of a `families` file from the rows of the results it cites."""
+    sources: dict[str, dict] = {}
+    rows = []
+    for family in data["families"]:
+        counts: dict[str, list] = {t: [] for t in data["targets"]}
+        commits: list[str] = []
+        for source, first_cell, short in family["evidence"]:
+            table = sources.get(source) or sources.setdefault(
+                source, load(results / f"{source}.json")
+            )
+            row = next((r for r in table["rows"] if r["cells"][0] == first_cell), None)
+            if row is None:
+                raise SystemExit(f"{source}.json: no row {first_cell!r} ({family['family']})")
+            commits += [row["commit"]] if row["commit"] not in commits else []
+            for target, found in counts.items():
+                column = _target_column(table["columns"], target)
+                cell = row["cells"][column] if column is not None else ""
+                if cell.strip() not in ("", "-"):
+                    found.append((short, not FAILED.search(cell)))
+        status = []
+        for found in counts.values():
+            failed = [name for name, ok in found if not ok]
+            if not found:
+                status.append("not measured")
+                continue
+            text = f"{len(found) - len(failed)} of {len(found)}"
+            status.append(text + (f" (fails: {', '.join(failed)})" if failed else ""))
+        cells = [family["family"], ", ".join(e[2] for e in family["evidence"]),
+                 family["judged_by"], *status]  # fmt: skip
+        rows.append({"cells": cells, "commit": ", ".join(commits)})
+    return {**data, "rows": rows}
+
+
 def load(path: Path) -> dict:
     """One results file, checked: every row has as many cells as there are columns and a
-    commit."""
+    commit (a `families` summary is derived from the results it cites first)."""
     data = json.loads(path.read_text(encoding="utf-8"))
+    if "families" in data:
+        return derive(data, path.parent)
     width = len(data["columns"])
     for i, row in enumerate(data["rows"]):
         if len(row["cells"]) != width:
             raise SystemExit(f"{path.name}: row {i}: {len(row['cells'])} cells, {width} columns")
-        if not COMMIT.fullmatch(str(row.get("commit") or "")):
+        if not all(COMMIT.fullmatch(c) for c in str(row.get("commit") or "").split(", ")):
             raise SystemExit(f"{path.name}: row {i}: no commit it was measured at")
     return data
 
@@ -44,7 +97,8 @@ def render(data: dict) -> str:
     head = [*data["columns"], "recorded in"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in data["rows"]:
-        lines.append("| " + " | ".join([*row["cells"], f"`{row['commit']}`"]) + " |")
+        commits = ", ".join(f"`{c}`" for c in row["commit"].split(", "))
+        lines.append("| " + " | ".join([*row["cells"], commits]) + " |")
     return "\n".join(lines)
 
 

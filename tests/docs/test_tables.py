@@ -51,3 +51,33 @@ def test_the_stale_rows_the_issue_named_are_fixed() -> None:
     assert rows[("minilm-l6", "w8a16")]["cells"][4].startswith("0.9989")
     for precision in ("w8a16", "uint8"):
         assert not rows[("hf-whisper-encoder via init", precision)]["cells"][4].startswith("fails")
+
+
+def test_the_family_summary_counts_only_what_its_rows_measured(tmp_path: Path) -> None:
+    """README's family table is derived: a failing cell in a cited row shows as a failure
+    with its name, a row that does not exist is refused, a missing target is not measured."""
+    results = tmp_path / "results"
+    results.mkdir()
+    rows = [
+        {"cells": ["A", "fails", "ok: top-1 1.0", "FAIL: top-1 0.5"], "commit": "abc1234"},
+        {"cells": ["B", "ok", "fails: refused 3 nodes", "-"], "commit": "def5678"},
+    ]
+    columns = ["architecture", "npu/w8a16 before", "npu/w8a16 on HTP", "cpu/int8"]
+    detail = {"doc": "d.md", "about": "x", "command": "x", "columns": columns, "rows": rows}
+    (results / "detail.json").write_text(json.dumps(detail))
+    summary = {"doc": "README.md", "about": "x", "command": "x",
+               "columns": ["family", "architectures", "judged by", "npu", "cpu"],
+               "targets": ["npu/w8a16", "cpu/int8"],
+               "families": [{"family": "f", "judged_by": "m",
+                             "evidence": [["detail", "A", "a"], ["detail", "B", "b"]]}],
+               }  # fmt: skip
+    (results / "families.json").write_text(json.dumps(summary))
+    (row,) = tables.load(results / "families.json")["rows"]
+    # the "before" column is not the target's: A verifies on npu, B fails there; cpu: only
+    # A measured, and it failed
+    assert row["cells"][3:] == ["1 of 2 (fails: b)", "0 of 1 (fails: a)"]
+    assert row["commit"] == "abc1234, def5678"
+    summary["families"][0]["evidence"].append(["detail", "C", "c"])
+    (results / "families.json").write_text(json.dumps(summary))
+    with pytest.raises(SystemExit, match="no row 'C'"):
+        tables.load(results / "families.json")

@@ -289,7 +289,7 @@ def _build_entry(name: str, target: str, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in CURATED if n != "efficientnet-b0"])
+@pytest.mark.parametrize("name", CURATED)
 def test_tiny_twin_of_each_curated_entry_builds_on_htp(name, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     built = _build_entry(f"{name}-tiny", "npu/w8a16", tmp_path)
@@ -297,26 +297,3 @@ def test_tiny_twin_of_each_curated_entry_builds_on_htp(name, tmp_path, monkeypat
         verify = next(s for s in component["steps"] if s["pass"] == "verify")
         assert verify["metrics"]["verified_on"] == "qnn-htp", cname
         assert verify["metrics"]["passed"] and "task_metric" in verify["metrics"], cname
-
-
-@pytest.mark.slow
-def test_efficientnet_tiny_twin_builds_on_cpu_and_says_where_htp_stops(
-    tmp_path, monkeypatch
-) -> None:
-    """EfficientNet's pooling on HTP is another change's (issue 33, HTP numerics): until it
-    lands the npu build stops naming the node; cpu/int8 builds and is judged by top-1."""
-    from winml_recipes.sdk.errors import WinmlError
-
-    monkeypatch.chdir(tmp_path)
-    built = _build_entry("efficientnet-b0-tiny", "cpu/int8", tmp_path / "cpu")
-    verify = next(s for s in built.manifest["components"]["model"]["steps"]
-                  if s["pass"] == "verify")  # fmt: skip
-    assert verify["metrics"]["task_metric"]["metric"] == "top-k-agreement"
-    try:
-        built = _build_entry("efficientnet-b0-tiny", "npu/w8a16", tmp_path / "npu")
-    except WinmlError as exc:
-        assert "AveragePool" in str(exc), str(exc)
-    else:
-        verify = next(s for s in built.manifest["components"]["model"]["steps"]
-                      if s["pass"] == "verify")  # fmt: skip
-        assert verify["metrics"]["verified_on"] == "qnn-htp"

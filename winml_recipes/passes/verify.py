@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from winml_recipes.passes import verify_float
 from winml_recipes.passes import verify_zeroshot as zeroshot
 from winml_recipes.sdk.config import option
 from winml_recipes.sdk.errors import PassError, QualityGateError
@@ -381,6 +382,9 @@ class VerifyPass(Pass[VerifyConfig]):
             if config.task_decides and task_gates:
                 gates = [replace(g, advisory=True) for g in gates]
             gates = [*task_gates, *gates]
+        float_gate = verify_float.gate(reference)  # never advisory: it judges the judge
+        if float_gate is not None:
+            gates.insert(0, float_gate)
         if config.zero_shot_with:  # the two towers together, after each tower's own check
             record["zero_shot"], zero_shot_gate = zeroshot.judge(
                 config, ctx, reference, target.outputs, on_target=True
@@ -389,12 +393,14 @@ class VerifyPass(Pass[VerifyConfig]):
         record["gates"] = [g.to_manifest() for g in gates]
         record["passed"] = all(g.holds for g in gates)
         failed = [g for g in gates if not g.holds]
-        if failed and not record.get("first_divergence", {}).get("found"):
+        judged = float_gate not in failed  # a float model that cannot judge has no error source
+        if failed and judged and not record.get("first_divergence", {}).get("found"):
             record["error_source"] = _error_source(src, feeds, ctx)
         if failed:
             raise QualityGateError(
                 f"verification on {target.verified_on} failed: "
                 + "; ".join(g.line() for g in failed)
+                + (verify_float.note(reference) if float_gate in failed else "")
                 + _divergence_note(record.get("first_divergence"))
                 + _source_note(record.get("error_source")),
                 metrics=record,  # kept in the failed build's manifest

@@ -17,6 +17,7 @@ _METRICS: dict[str, tuple[str, str, bool]] = {
     "max_abs": ("max_abs", "", False),
     "decision_iou": ("decision IoU", "", True),
     "argmax_agreement": ("whole-sample argmax agreement", "", True),
+    "distinct_samples": ("held-out samples it tells apart", "", True),
 }
 # A softmax output is held to whole-sample argmax agreement besides its decisions' IoU: the
 # share of samples whose argmax over classes (every step of a sequence) is float's.
