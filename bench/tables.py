@@ -67,7 +67,7 @@ def derive(data: dict, results: Path) -> dict:
         for found in counts.values():
             failed = [name for name, ok in found if not ok]
             if not found:
-                status.append("not measured")
+                status.append("-")
                 continue
             text = f"{len(found) - len(failed)} of {len(found)}"
             status.append(text + (f" (fails: {', '.join(failed)})" if failed else ""))
