@@ -87,7 +87,7 @@ class _Region:
                     if v in self.values:
                         self.frame[v] = _dims(v) or []
             else:
-                return f"{node.name}: {node.op_type} at rank {self.rank} is not an op the fold knows"
+                return f"{node.name}: {node.op_type} is not an op the fold knows"
         if any(len(self.frame.get(v, [])) != self.rank for v in self.values):
             return "the region's tensors are not all of one rank with static shapes"
         return None

@@ -1,0 +1,103 @@
+"""Rank-6 tensors (a multi-scale deformable attention's sampling locations, as RT-DETR and
+Deformable DETR compute them) on QNN HTP, which places rank 5 at most: the `htp` prepare
+stage folds the region to rank 5 by merging adjacent axes (`fold_high_rank_axes`), exactly,
+and the build places every node on HTP with CPU fallback off (before: refused, naming the
+rank-6 Unsqueeze)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+
+from tests.integration.test_fixed_range_htp import QNN_WHEELS
+from winml_recipes import api
+
+torch = pytest.importorskip("torch")
+SHAPE = (1, 10, 16)  # [batch, queries, hidden]
+HEADS, LEVELS, POINTS = 2, 3, 2
+
+
+class DeformableSampling(torch.nn.Module):
+    """transformers' RTDetrMultiscaleDeformableAttention's sampling locations, per level."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.offsets = torch.nn.Linear(16, HEADS * LEVELS * POINTS * 2)
+        self.reference = torch.nn.Linear(16, 4)
+        self.out = torch.nn.Linear(HEADS * POINTS * 2 * LEVELS, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, q, _ = x.shape
+        offsets = self.offsets(x).view(b, q, HEADS, LEVELS, POINTS, 2)
+        ref = torch.sigmoid(self.reference(x))[:, :, None, None, None, :]  # [b, q, 1, 1, 1, 4]
+        loc = ref[..., :2] + offsets / POINTS * ref[..., 2:] * 0.5
+        grids = 2 * loc - 1
+        levels = [grids[:, :, :, level].flatten(2) for level in range(LEVELS)]
+        return self.out(torch.cat(levels, -1))
+
+
+def _export(path: Path) -> Path:
+    torch.manual_seed(0)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(
+            DeformableSampling().eval(), (torch.randn(*SHAPE),), str(path), input_names=["x"],
+            output_names=["y"], dynamo=False, opset_version=17,
+        )  # fmt: skip
+    return path
+
+
+def _ranks(model: onnx.ModelProto) -> list[int]:
+    inferred = onnx.shape_inference.infer_shapes(model)
+    return [len(v.type.tensor_type.shape.dim) for v in inferred.graph.value_info]
+
+
+def test_deformable_sampling_folds_to_rank_5_exactly(tmp_path: Path) -> None:
+    from winml_recipes.eps.qnn.rules import _shapes
+    from winml_recipes.eps.qnn.rules.rank_fold import RankFoldPass
+    from winml_recipes.graph.log import RewriteLog
+
+    source = onnx.load(str(_export(tmp_path / "m.onnx")))
+    assert max(_ranks(source)) == 6
+    model, log = ir.from_proto(source), RewriteLog()
+    _shapes(model, log)
+    RankFoldPass(log)(model)
+    folded = ir.to_proto(model)
+    assert max(_ranks(folded)) == 5
+    assert log.count("fold_high_rank_axes") > 0 and not log.kept
+    x = np.random.default_rng(1).normal(size=(4, *SHAPE)).astype(np.float32)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    a = ort.InferenceSession(source.SerializeToString(), so)
+    b = ort.InferenceSession(folded.SerializeToString(), so)
+    for sample in x:
+        (ya,), (yb,) = a.run(None, {"x": sample}), b.run(None, {"x": sample})
+        assert np.abs(ya - yb).max() <= 1e-6  # the same sums in the same order
+
+
+@pytest.mark.skipif(not QNN_WHEELS, reason="no onnxruntime-qnn wheel here")
+def test_deformable_sampling_places_on_htp(tmp_path: Path) -> None:
+    def npz(name: str, seed: int, n: int) -> str:
+        x = np.random.default_rng(seed).normal(size=(n, *SHAPE)).astype(np.float32)
+        np.savez(tmp_path / name, x=x)
+        return str(tmp_path / name)
+
+    result = api.build_onnx(
+        _export(tmp_path / "m.onnx"), device="npu", precision="w8a16",
+        calibration_data=npz("calib.npz", 0, 8), eval_data=npz("eval.npz", 1, 2),
+        output_root=tmp_path / "out",
+    )  # fmt: skip
+    steps = {s["pass"]: s for s in result.manifest["components"]["model"]["steps"]}
+    rewrites = {r["rule"]: r["count"] for r in steps["prepare"]["metrics"]["rewrites"]}
+    assert rewrites.get("fold_high_rank_axes", 0) > 0
+    verify = steps["verify"]["metrics"]
+    assert verify["verified_on"] == "qnn-htp"
+    assert set(verify["placement"]["nodes"]) == {"QNNExecutionProvider"}
+    htp = verify["outputs"]["y"]["sqnr_db"]
+    assert htp > 25 and abs(htp - verify["cpu_simulation"]["outputs"]["y"]["sqnr_db"]) < 3
