@@ -101,3 +101,19 @@ def test_deformable_sampling_places_on_htp(tmp_path: Path) -> None:
     assert set(verify["placement"]["nodes"]) == {"QNNExecutionProvider"}
     htp = verify["outputs"]["y"]["sqnr_db"]
     assert htp > 25 and abs(htp - verify["cpu_simulation"]["outputs"]["y"]["sqnr_db"]) < 3
+
+
+def test_a_region_with_an_op_the_fold_does_not_know_is_kept(tmp_path: Path) -> None:
+    """A Softmax at rank 6: nothing is rewritten, and `kept` names the node that stops it."""
+    from tests.integration.test_rank_limit_htp import _graph
+    from winml_recipes.eps.qnn.rules import _shapes
+    from winml_recipes.eps.qnn.rules.rank_fold import RankFoldPass
+    from winml_recipes.graph.log import RewriteLog
+
+    model, log = ir.from_proto(onnx.load(str(_graph(6, tmp_path / "six.onnx")))), RewriteLog()
+    _shapes(model, log)
+    assert not RankFoldPass(log)(model).modified
+    assert log.kept == [
+        {"rule": "fold_high_rank_axes", "node": "unsqueeze2",
+         "why": "softmax: Softmax is not an op the fold knows"}
+    ]  # fmt: skip
