@@ -54,8 +54,13 @@ def _export(path: Path) -> Path:
 
 
 def _ranks(model: onnx.ModelProto) -> list[int]:
+    """The ranks of the tensors the nodes read and write."""
     inferred = onnx.shape_inference.infer_shapes(model)
-    return [len(v.type.tensor_type.shape.dim) for v in inferred.graph.value_info]
+    g = inferred.graph
+    used = {t for n in g.node for t in (*n.input, *n.output)}
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in [*g.value_info, *g.output]}
+    ranks |= {i.name: len(i.dims) for i in g.initializer}
+    return [ranks[t] for t in used if t in ranks]
 
 
 def test_deformable_sampling_folds_to_rank_5_exactly(tmp_path: Path) -> None:
@@ -117,3 +122,46 @@ def test_a_region_with_an_op_the_fold_does_not_know_is_kept(tmp_path: Path) -> N
         {"rule": "fold_high_rank_axes", "node": "unsqueeze2",
          "why": "softmax: Softmax is not an op the fold knows"}
     ]  # fmt: skip
+
+
+def test_rank_6_constants_read_twice_and_sliced_fold_exactly() -> None:
+    """Constants of the region laid out once per value; a Slice of a rank-6 constant."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from winml_recipes.eps.qnn.rules import _shapes
+    from winml_recipes.eps.qnn.rules.rank_fold import RankFoldPass
+    from winml_recipes.graph.log import RewriteLog
+
+    rng = np.random.default_rng(0)
+    inits = {
+        "c": rng.normal(size=(1, 10, 1, 1, 1, 4)).astype(np.float32),
+        "table": rng.normal(size=(1, 10, 2, 3, 2, 4)).astype(np.float32),
+        "axes": np.array([2, 3, 4], np.int64), "starts": np.array([0], np.int64),
+        "ends": np.array([2], np.int64), "slice_axes": np.array([-1], np.int64),
+        "level": np.array(1, np.int64),
+    }  # fmt: skip
+    nodes = [
+        helper.make_node("Unsqueeze", ["x", "axes"], ["u6"]),  # [1, 10, 1, 1, 1, 4]
+        helper.make_node("Add", ["u6", "c"], ["a"]),
+        helper.make_node("Mul", ["a", "c"], ["m"]),
+        helper.make_node("Slice", ["m", "starts", "ends", "slice_axes"], ["ms"]),
+        helper.make_node("Slice", ["table", "starts", "ends", "slice_axes"], ["t"]),
+        helper.make_node("Mul", ["t", "ms"], ["p"]),  # [1, 10, 2, 3, 2, 2]
+        helper.make_node("Gather", ["p", "level"], ["y"], axis=3),  # [1, 10, 2, 2, 2]
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 10, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )  # fmt: skip
+    source = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    model, log = ir.from_proto(source), RewriteLog()
+    _shapes(model, log)
+    RankFoldPass(log)(model)
+    folded = ir.to_proto(model)
+    onnx.checker.check_model(folded, full_check=True)
+    assert max(_ranks(folded)) <= 5 and not log.kept
+    x = rng.normal(size=(1, 10, 4)).astype(np.float32)
+    a = ort.InferenceSession(source.SerializeToString()).run(None, {"x": x})[0]
+    b = ort.InferenceSession(folded.SerializeToString()).run(None, {"x": x})[0]
+    assert a.shape == b.shape == (1, 10, 2, 2, 2) and np.array_equal(a, b)

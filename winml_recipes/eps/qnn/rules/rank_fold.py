@@ -76,6 +76,8 @@ class _Region:
                 axes = self._axes(node)
                 if isinstance(axes, str):
                     return f"{node.name}: {axes}"
+                if _dims(out) is None:
+                    return f"{node.name}: {node.op_type} without a static output shape"
                 self.axis[node] = axes
                 self.frame[node.inputs[0]] = _dims(node.inputs[0]) or []
                 if node.op_type == "Slice":
@@ -169,7 +171,8 @@ class _Writer:
 
     def __init__(self, graph: ir.Graph, region: _Region) -> None:
         self.graph, self.region = graph, region
-        self.new: dict[ir.Value, ir.Value] = {}
+        self.new: dict[ir.Value, ir.Value] = {}  # region values -> folded
+        self.laid: dict[ir.Value, ir.Value] = {}  # outside operands -> as the frame reads them
 
     def constant(self, name: str, array: np.ndarray) -> ir.Value:
         value = ir.Value(name=name, const_value=ir.tensor(array, name=name))
@@ -193,6 +196,11 @@ class _Writer:
         """`v` as the folded node reads it: folded, re-laid or reshaped into the frame."""
         if v is None or v in self.new:
             return self.new.get(v) if v is not None else None
+        if v not in self.laid:
+            self.laid[v] = self._lay(at, v)
+        return self.laid[v]
+
+    def _lay(self, at: ir.Node, v: ir.Value) -> ir.Value:
         target = self.region.frame[v]
         dims = _dims(v) or []
         if len(dims) <= len(target) and all(d == 1 for d in target[: len(target) - len(dims)]) \
@@ -217,13 +225,13 @@ class _Writer:
         if op in ELEMENTWISE:
             ins = [self.operand(node, v) for v in node.inputs]
             attrs = {k: a.value for k, a in node.attributes.items()}
-            new = ir.node(op, ins, attributes=attrs, name=f"{node.name}_rank{rank}")
+            new = ir.node(op, ins, attributes=attrs, name=f"{node.name or out.name}_rank{rank}")
             new.outputs[0].name, new.outputs[0].dtype = name, out.dtype
             new.outputs[0].shape = ir.Shape(region.frame[out])
             self.graph.insert_before(node, new)
             self.new[out] = new.outputs[0]
         elif op in ("Slice", "Gather"):
-            x = self.new[node.inputs[0]]
+            x = self.operand(node, node.inputs[0])
             axes = region.axis[node]
             if op == "Slice":
                 axes_v = self.constant(f"{name}_axes", np.array(axes, np.int64))
@@ -238,7 +246,8 @@ class _Writer:
             x = self.new.get(node.inputs[0], node.inputs[0])
             self.new[out] = self.reshape(node, x, region.frame[out], name)
         else:  # out of it
-            self.leave(out, self.reshape(node, self.new[node.inputs[0]], _dims(out) or [], name))
+            x = self.operand(node, node.inputs[0])
+            self.leave(out, self.reshape(node, x, _dims(out) or [], name))
 
     def finish(self) -> None:
         for old, new in self.new.items():
