@@ -1,6 +1,8 @@
 """A graph with tensors above QNN HTP's rank (RT-DETR's deformable attention works at rank
 6): the refusal says so, naming a node, its tensor and the shape, not only "refused N
-nodes". The same graph at rank 5 places (the limit is measured, not assumed)."""
+nodes". The same graph at rank 5 places (the limit is measured, not assumed). The rank-6
+graph ends its chain in a Softmax, which `fold_high_rank_axes` does not fold (a foldable
+chain is computed at rank 5 instead: tests/integration/test_rank_fold_htp.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ pytestmark = pytest.mark.skipif(not QNN_WHEELS, reason="no onnxruntime-qnn wheel
 
 
 def _graph(rank: int, path: Path) -> Path:
-    """Sigmoid on [1, 10, 4], unsqueezed up to `rank`, plus a constant, flattened back."""
+    """Sigmoid on [1, 10, 4], unsqueezed up to `rank`, plus a constant, flattened back
+    (through a Softmax above rank 5: an op the rank fold leaves as it is)."""
     nodes = [helper.make_node("Sigmoid", ["x"], ["s"], name="sig")]
     shape, current, inits = [1, 10, 4], "s", []
     while len(shape) < rank:
@@ -28,10 +31,11 @@ def _graph(rank: int, path: Path) -> Path:
                                       name=f"unsqueeze{i}"))  # fmt: skip
         shape.insert(2, 1)
         current = f"u{i}"
-    nodes += [
-        helper.make_node("Add", [current, "b"], ["a"], name="add"),
-        helper.make_node("Reshape", ["a", "flat"], ["y"], name="flatten"),
-    ]
+    nodes.append(helper.make_node("Add", [current, "b"], ["a"], name="add"))
+    if rank > 5:
+        nodes.append(helper.make_node("Softmax", ["a"], ["sm"], name="softmax", axis=1))
+    nodes.append(helper.make_node("Reshape", ["sm" if rank > 5 else "a", "flat"], ["y"],
+                                  name="flatten"))  # fmt: skip
     inits += [
         numpy_helper.from_array(np.full(shape, 0.5, np.float32), "b"),
         numpy_helper.from_array(np.array([1, 40], np.int64), "flat"),

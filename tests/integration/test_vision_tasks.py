@@ -135,21 +135,13 @@ MOBILEVIT_W8A16 = pytest.mark.xfail(
     raises=QualityGateError,
     strict=False,
 )
-RTDETR_EXPORT = pytest.mark.xfail(
-    reason="measured (stop 39): the export now matches torch (tests/vision_models.py gives "
-    "the encoder's BatchNorms a trained-like scale; before, its memory vanished and every "
-    "anchor scored -0.693 alike); QNN HTP then refuses 48 nodes (Q/DQ around scalar "
-    "Unsqueeze, pixel_values_QuantizeLinear, ...) with CPU fallback off",
-    raises=ExecutionProviderError,
-    strict=False,
-)
 SWIN2SR_FINALIZE = pytest.mark.xfail(
     reason="measured: HTP cannot finalize the cosine attention's normalization (MEM_ALLOC; "
     "the build names node_div with its ReduceL2/Expand inputs and the op_affinity way out)",
     raises=ExecutionProviderError,
     strict=False,
 )
-KNOWN = {"MobileViT": MOBILEVIT_W8A16, "RTDetr": RTDETR_EXPORT, "Swin2SR": SWIN2SR_FINALIZE}
+KNOWN = {"MobileViT": MOBILEVIT_W8A16, "Swin2SR": SWIN2SR_FINALIZE}
 HTP_CASES = [
     next((pytest.param(a, marks=m) for k, m in KNOWN.items() if a.startswith(k)), a)
     for a in sorted(TINY)

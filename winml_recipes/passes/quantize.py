@@ -561,6 +561,17 @@ def _quantize_with(
         wide = "int16" if cfg.activation_type.startswith("int") else "uint16"
         overrides |= {t: [{"quant_type": wide}] for t in narrow}
         ep_metrics["layernorm_rows_16bit"] = narrow
+    # the score chains a TopK selects by, when their keys span a few 8-bit steps: float (CPU)
+    from winml_recipes.quant.selection_keys import selection_keys
+
+    keys = (
+        selection_keys(model, ranges, counted.factory, cfg.activation_type, work_dir)
+        if cfg.ep == "cpu"
+        else {}
+    )
+    if keys:
+        ep_metrics["topk_keys_float"] = keys
+        float_nodes = [*float_nodes, *(n for k in keys.values() for n in k["nodes"])]
     # the producers and readers of a tensor with no range stay float
     float_nodes = [*float_nodes, *_touching(model, nonfinite)]
     if rules is not None:  # nodes the EP cannot run quantized, with its reasons

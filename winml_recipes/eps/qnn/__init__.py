@@ -109,7 +109,7 @@ class QnnHtp(ExecutionProvider):
             name="qnn-htp",
             rules=RULES,
             rewrite=lambda model, log: rewrite(
-                model, float_rewrites(self.max_tensor_elements), log
+                model, float_rewrites(self.max_tensor_elements, self.max_rank or 5), log
             ),
         )
 

@@ -36,7 +36,7 @@ RULES = (
     "zero_constant_add", "infinite_bound_to_identity", "rotate_pairwise_to_gather",
     "chunk_attention_queries", "waveform_conv_to_polyphase",
     "reduce_unit_axes", "whole_map_average_pool", "reduce_l2_to_sqrt_of_sum",
-    "high_rank_unary_to_rank4",
+    "high_rank_unary_to_rank4", "fold_high_rank_axes",
 )  # fmt: skip
 
 
@@ -156,13 +156,15 @@ def _transposes(log: RewriteLog) -> list:
     return [Logged.rule()]
 
 
-def float_rewrites(max_tensor_elements: int | None = None) -> list[Step]:
+def float_rewrites(max_tensor_elements: int | None = None, max_rank: int = 5) -> list[Step]:
     """The float rewrites HTP needs, in order (the `prepare` pass's `htp` stage);
-    `max_tensor_elements`: attention scores above it are computed in query chunks."""
+    `max_tensor_elements`: attention scores above it are computed in query chunks;
+    `max_rank`: tensors above it are folded to it where the ops allow."""
     import onnx_ir.passes.common as common
 
     from winml_recipes.eps.qnn.rules import rules as r
     from winml_recipes.eps.qnn.rules.attention import ChunkedAttentionPass
+    from winml_recipes.eps.qnn.rules.rank_fold import RankFoldPass
     from winml_recipes.eps.qnn.rules.waveform_conv import WaveformConvPass
 
     def chunk(model: ir.Model, log: RewriteLog) -> object:
@@ -211,6 +213,7 @@ def float_rewrites(max_tensor_elements: int | None = None) -> list[Step]:
             r.HighRankUnaryToRank4.rule_name,
             _rules(one(r.HighRankUnaryToRank4, *r.HIGH_RANK_REFUSED_UNARY)),
         ),
+        Step(RankFoldPass.rule_name, lambda m, log: RankFoldPass(log, max_rank)(m)),
         # (no dead-code pass after: the bypassed zero constants stay initializers, as the
         # protobuf rewrite left them; quantize drops what no node reads)
         Step(RULE_IDENTITY, _library_pass(_IdentityElimination())),
