@@ -55,14 +55,15 @@ def fit_speech_head(model) -> None:
     decisive: blank on silence, the token E on speech (one E per voiced stretch).
 
     A random head is not a test of quantization: on the tiny random model every frame is a
-    near tie (about 100 characters a second) and transcripts differ already between torch
-    and the CPU simulation of the QDQ model. A trained CTC head decides almost every frame
+    near tie (about 100 characters a second) and transcripts differ already between the float
+    model and the CPU simulation of its QDQ model. A trained CTC head decides almost every frame
     by a wide margin. The random backbone's features carry little that a linear head can
     decide beside speech against silence (measured: a 3-letter head fitted the same way
-    separates 48% of the training frames; training the transformer on the 6 clips
-    memorizes them, 52% of held-out frames), so the head is fitted to that: on the bundled
-    calibration speech (2 s windows, normalized as Wav2Vec2FeatureExtractor does), target
-    logits +4 for the frame's label and -4 for every other token. Deterministic (float64
+    separates 48% of the training frames; training the transformer on the clips fits
+    them but labels 46-79% of held-out frames; docs/families.md), so the head is fitted to
+    that: on the bundled calibration speech (2 s windows, normalized as
+    Wav2Vec2FeatureExtractor does), target logits +4 for the frame's label and -4 for every
+    other token. Deterministic (float64
     ridge least squares, no iteration), about a second. The held-out clips are not used."""
     import torch
 
