@@ -7,6 +7,7 @@ precision and device presets fill what the recipe leaves out.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,14 @@ MATMUL_CONV = ("MatMul", "Conv", "Gemm", "ConvTranspose")
 HELD_OUT_SEED_OFFSET = 104_729
 # Where automatic mixed precision may take its held-out scoring data from.
 HELD_OUT_KEYS = ("npz", "images", "dataset")
+
+
+def held_out_skip(own: bool, cal_options: Mapping[str, Any], cal_samples: int) -> int:
+    """Samples a held-out read skips: none from its own data or from bundled/synthetic data
+    (which have a held-out set of their own: a skip would empty it); calibration's count
+    when it reads the calibration files (the samples after calibration's)."""
+    from_files = any(cal_options.get(k) for k in HELD_OUT_KEYS)
+    return cal_samples if from_files and not own else 0
 
 
 @register
@@ -264,10 +273,7 @@ def _static(
     algorithms_record: dict[str, Any] | None = None
     if cfg.algorithms_auto is not None:
         own_held_out = {k: v for k in HELD_OUT_KEYS if (v := cfg.algorithms_auto.get(k))}
-        # held out from calibration files: the samples after calibration's; bundled or
-        # synthetic data have a held-out set of their own (a skip would empty it)
-        from_files = any(cal_options.get(k) for k in HELD_OUT_KEYS)
-        skip_held_out = 0 if own_held_out or not from_files else cal.samples
+        skip_held_out = held_out_skip(bool(own_held_out), cal_options, cal.samples)
         from winml_recipes.quant.algorithms.choose import choose
 
         def attempt(
@@ -318,8 +324,9 @@ def _static(
         from winml_recipes.quant.auto import promote
 
         own = {k: cfg.auto[k] for k in HELD_OUT_KEYS if cfg.auto.get(k)}
-        # its own data: as told; the calibration files: the samples after calibration's
-        skip = cfg.auto.get("skip", 0) if own else cal.samples
+        # its own data: as told; else as algorithms: auto (bundled speech has 4 held-out
+        # clips: skipping the calibration count emptied them, "no input samples")
+        skip = cfg.auto.get("skip", 0) if own else held_out_skip(False, cal_options, cal.samples)
         held_out = held_out_feeds(cfg.auto["samples"], own, skip)
         metrics["mixed_precision_auto"] = promote(
             done.src,
