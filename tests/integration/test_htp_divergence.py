@@ -256,6 +256,9 @@ def _tiny_folder(arch: str, root: Path) -> Path:
             neck_hidden_sizes=[16, 16, 24, 48, 64, 80, 320], num_labels=10,
             initializer_range=0.2,
         ))  # fmt: skip
+        from tests.vision_models import _unit_batchnorm
+
+        _unit_batchnorm(model)  # trained-like BatchNorm scales (transformers: N(0, 0.2))
     folder = root / arch
     model.eval().save_pretrained(folder)
     (folder / "preprocessor_config.json").write_text(json.dumps({

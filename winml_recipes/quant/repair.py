@@ -16,7 +16,7 @@ kept, and the search goes on with the next departing layer, up to MAX_ROUNDS:
 - float: the node left out of quantization;
 - float_normalizations: where the layer reads a LayerNormalization (within NORM_HOPS
   producers), every LayerNormalization of the graph left out of quantization. Measured on
-  QNN HTP with the tiny MobileViT (BatchNorm scales at 1): its transformer MLP
+  HTP with the tiny MobileViT (BatchNorm scales at 1): its transformer MLP
   (LayerNormalization -> MatMul -> x * sigmoid(x)) came out at 12.3 dB against the
   simulation from the LayerNormalization's input, while LayerNormalization alone (93.7 dB),
   LayerNormalization -> MatMul (63.3 dB) and MatMul -> x * sigmoid(x) (63.4 dB) agree; with
