@@ -107,7 +107,7 @@ def _mobilevit() -> tuple[Any, dict]:
            "size": {"shortest_edge": 64}, "do_center_crop": True,
            "crop_size": {"height": 64, "width": 64}, "do_flip_channel_order": True,
            **RESCALE}  # fmt: skip
-    return MobileViTForSemanticSegmentation(config), pre
+    return _unit_batchnorm(MobileViTForSemanticSegmentation(config)), pre
 
 
 def _detr() -> tuple[Any, dict]:
@@ -155,19 +155,27 @@ def _rt_detr() -> tuple[Any, dict]:
     pre = {"image_processor_type": "RTDetrImageProcessor", "do_resize": True,
            "size": {"height": 64, "width": 64}, "do_normalize": False, **IMAGENET,
            **RESCALE}  # fmt: skip
-    model = RTDetrForObjectDetection(config)
     # transformers draws the hybrid encoder's BatchNorm scales from N(0, 0.01)
     # (initializer_range): each layer shrinks the features ~100x, the encoder's memory
     # vanishes (max |x| 1e-14 .. 4e-7), every anchor then scores the scorer's bias alike
     # (-0.693) and top-k chooses among ties differently in torch and onnxruntime (export
-    # parity 4.6 dB). A trained BatchNorm scales by O(1): PyTorch's own init, 1.
+    # parity 4.6 dB).
+    return _unit_batchnorm(RTDetrForObjectDetection(config), below=0.1), pre
+
+
+def _unit_batchnorm(model: Any, below: float = float("inf")) -> Any:
+    """BatchNorm scales at 1 (PyTorch's own init; a trained BatchNorm scales by O(1)) where
+    transformers draws them from N(0, initializer_range), which shrinks the features at
+    every layer (RT-DETR: the encoder's memory vanished; MobileViT: its encoder ran at
+    1e-8 .. 1e-17, below what HTP's products keep). Only scales whose peak is under
+    `below` are reset."""
     import torch
 
     with torch.no_grad():
         for module in model.modules():
-            if isinstance(module, torch.nn.BatchNorm2d) and module.weight.abs().max() < 0.1:
+            if isinstance(module, torch.nn.BatchNorm2d) and module.weight.abs().max() < below:
                 module.weight.fill_(1.0)
-    return model, pre
+    return model
 
 
 def _swin2sr() -> tuple[Any, dict]:

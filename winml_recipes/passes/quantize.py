@@ -551,6 +551,10 @@ def _quantize_with(
     if rules is not None:
         ranges, adjusted = rules.adjust_ranges(model, ranges, tensors)
         ep_metrics.update(adjusted)
+        ranges, rewritten = rules.rewrite_with_ranges(model, ranges)
+        if rewritten:
+            ep_metrics.update(rewritten)
+            src = save_model(model, work_dir / "rescaled" / "model.onnx")
     ranges_path = work_dir / "ranges.json"
     write_ort_cache(ranges, ranges_path)
     overrides, float_nodes = compile_regions(cfg.regions, model, tensors)

@@ -147,10 +147,15 @@ class PrefixSearch:
         return row
 
     def departs(self, index: int) -> bool:
+        """The target departs here: far from the simulation and further from float. Not
+        where the simulation keeps nothing of the tensor either (SQNR <= 0 dB vs float): the
+        tiny MobileViT's attention scores at 1e-20, which both round to nothing before a
+        Softmax that makes them uniform alike, were named as where HTP departed."""
         r = self.row(index)
         return (
             r.target_vs_simulation_db < self.threshold_db
             and r.simulation_vs_float_db - r.target_vs_float_db >= self.loss_db
+            and r.simulation_vs_float_db > 0.0
         )
 
     def first(self) -> TensorRow | None:

@@ -135,6 +135,13 @@ class QuantRules:
         """Ranges the EP can take (widened, shared encodings) and metrics of the change."""
         return ranges, {}
 
+    def rewrite_with_ranges(
+        self, model: onnx.ModelProto, ranges: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Rewrite the float model in place from its calibrated ranges (exact in float);
+        the ranges with the new tensors', and metrics of what changed (empty: nothing)."""
+        return ranges, {}
+
     def quantizer_args(
         self,
         src: Path,

@@ -125,7 +125,7 @@ PLUGIN = QnnHtp(
     options={"backend_type": "htp"},
     backend="htp",
     display_name="QNN HTP",
-    quant_rules=QnnQuantRules(name="qnn", revision=1),  # 1: Reciprocal kept float
+    quant_rules=QnnQuantRules(name="qnn", revision=2),  # 1: Reciprocal float, 2: rescale
     compiles="epcontext",
     compile_options={"htp_arch": "htp_arch", "soc_model": "soc_model"},
     unreproducible_artifacts=r".*_qnn\.bin",

@@ -59,6 +59,15 @@ class QnnQuantRules(QuantRules):
         ranges = unify_ranges(ranges, shared)
         return ranges, {"shared_encodings": shared, "htp_widened_ranges": widened}
 
+    def rewrite_with_ranges(
+        self, model: onnx.ModelProto, ranges: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        from winml_recipes.eps.qnn.rules.products import rescale_tiny_products
+
+        # HTP's activation x activation MatMul loses operands far below 1e-3 (rules/products.py)
+        ranges, rescaled = rescale_tiny_products(model, ranges)
+        return ranges, ({"htp_rescaled_products": rescaled} if rescaled else {})
+
     def quantizer_args(
         self,
         src: Path,
