@@ -560,7 +560,7 @@ def _quantize_with(
     overrides, float_nodes = compile_regions(cfg.regions, model, tensors)
     # LayerNormalization inputs with rows too narrow for one 8-bit encoding: 16 bit (on the
     # CPU EP, where it was measured; NPU EPs have their own repair, quant/repair.py)
-    from winml_recipes.quant.narrow_rows import narrow_rows
+    from winml_recipes.quant.narrow_rows import narrow_rows, promoted
 
     narrow = (
         narrow_rows(model, ranges, counted.factory, cfg.activation_type, work_dir)
@@ -570,7 +570,7 @@ def _quantize_with(
     narrow = {t: v for t, v in narrow.items() if t not in overrides}  # the recipe's choice
     if narrow:
         wide = "int16" if cfg.activation_type.startswith("int") else "uint16"
-        overrides |= {t: [{"quant_type": wide}] for t in narrow}
+        overrides |= {t: [{"quant_type": wide}] for t in promoted(narrow) if t not in overrides}
         ep_metrics["layernorm_rows_16bit"] = narrow
     # the score chains a TopK selects by, when their keys span a few 8-bit steps: float (CPU)
     from winml_recipes.quant.selection_keys import selection_keys

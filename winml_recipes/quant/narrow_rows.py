@@ -13,6 +13,13 @@ record as `layernorm_rows_16bit`); a model whose rows are all wide enough is lef
 was. Applied on the CPU EP (quantize calls it for cpu targets only: measured there; the
 NPU EPs' departures are repaired by quant/repair.py). Models above MAX_MODEL_BYTES are not
 measured (the taps copy the model).
+
+A row is lost where its values are first written at 8 bit, so the promotion follows the
+input back through ops that only move values (Reshape, Transpose, ...) to the op that
+computes them, recorded as `carried_from`. Measured on the tiny GLPN (cpu/int8): a patch
+embedding's Conv -> Reshape -> Transpose -> LayerNormalization, dark patches as narrow rows;
+with only the Transpose at 16 bit the Conv's 8-bit output had already lost them (depth
+AbsRel worst 0.63), with the Conv and Reshape too 0.057.
 """
 
 from __future__ import annotations
@@ -29,6 +36,9 @@ import onnx
 MIN_STEPS = 8.0
 SAMPLES = 4  # calibration samples the row spreads are measured on
 MAX_MODEL_BYTES = 1 << 30  # the taps copy the model in memory: larger ones are not measured
+# ops whose output holds their first input's values, moved: a row's precision is set where
+# the values were computed, before these
+MOVES = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 
 
 def _ln_inputs(model: onnx.ModelProto, activations: Iterable[str]) -> dict[str, int]:
@@ -43,6 +53,27 @@ def _ln_inputs(model: onnx.ModelProto, activations: Iterable[str]) -> dict[str, 
     return out
 
 
+def carried_from(model: onnx.ModelProto, tensor: str, activations: Iterable[str]) -> list[str]:
+    """The quantized tensors `tensor`'s values pass through unchanged, nearest first: back
+    through MOVES ops to the output of the op that computed them."""
+    acts = set(activations)
+    producer = {o: n for n in model.graph.node for o in n.output}
+    chain: list[str] = []
+    node = producer.get(tensor)
+    while node is not None and node.op_type in MOVES and node.input[0] in acts:
+        if node.input[0] in chain:
+            break
+        chain.append(node.input[0])
+        node = producer.get(node.input[0])
+    return chain
+
+
+def promoted(chosen: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Every tensor a `narrow_rows` result sets to 16 bit: the inputs and what they carry."""
+    out = [t for name, row in chosen.items() for t in (name, *row.get("carried_from", ()))]
+    return list(dict.fromkeys(out))
+
+
 def narrow_rows(
     model: onnx.ModelProto,
     ranges: Mapping[str, tuple[float, float]],
@@ -51,7 +82,8 @@ def narrow_rows(
     work_dir: Path,
 ) -> dict[str, dict[str, Any]]:
     """The LayerNormalization inputs to keep at 16 bit: tensor -> {narrowest row std,
-    steps it spans at 8 bit, the median row's steps}. Nothing for 16-bit activations."""
+    steps it spans at 8 bit, the median row's steps, and `carried_from` where the values
+    come unchanged from earlier tensors}. Nothing for 16-bit activations."""
     if activation_type.endswith("16"):
         return {}
     inputs = {t: a for t, a in _ln_inputs(model, ranges).items() if t in ranges}
@@ -89,4 +121,7 @@ def narrow_rows(
                 "steps_at_8_bit": round(narrowest / step, 2),
                 "median_row_steps": round(float(np.median(spreads)) / step, 2),
             }
+            chain = carried_from(model, name, ranges)
+            if chain:
+                out[name]["carried_from"] = chain
     return out
