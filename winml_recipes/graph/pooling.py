@@ -6,8 +6,8 @@ over the elements inside the map. Once quantized, onnxruntime's CPU EP at its de
 optimization level (EXTENDED and above: the QDQ fusion into QLinearAveragePool) computes that
 pool as if the window were all inside, and the tiny EfficientNet's cpu/int8 logits came out 0
 for every photo (onnxruntime 1.31; the BASIC level the build verifies at gave 11.9 dB).
-GlobalAveragePool averages the same elements and is fused correctly. The QNN plugin has the
-same rewrite for its own reason (HTP refused the pool).
+GlobalAveragePool averages the same elements and is fused correctly. The NPU plugin has the
+same rewrite for its own reason (the NPU refused the pool).
 """
 
 from __future__ import annotations
