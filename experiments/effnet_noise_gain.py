@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.image_classifiers import ARCHITECTURES  # noqa: E402
+from tests.image_classifiers import ARCHITECTURES
 
 INPUT_DB = 40.0
 mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
@@ -24,7 +24,22 @@ photos = sorted(Path("winml_recipes/data/images/heldout").glob("*.jpg"))
 
 
 def pixels(size):
-    return torch.tensor(np.stack([((np.asarray(Image.open(p).convert("RGB").resize((size, size)), np.float32) / 255 - mean) / std).transpose(2, 0, 1) for p in photos]), dtype=torch.float32)
+    return torch.tensor(
+        np.stack(
+            [
+                (
+                    (
+                        np.asarray(Image.open(p).convert("RGB").resize((size, size)), np.float32)
+                        / 255
+                        - mean
+                    )
+                    / std
+                ).transpose(2, 0, 1)
+                for p in photos
+            ]
+        ),
+        dtype=torch.float32,
+    )
 
 
 def sqnr(a, b):
@@ -45,8 +60,14 @@ def effnet(init_range):
     from transformers import EfficientNetConfig, EfficientNetForImageClassification
 
     torch.manual_seed(0)
-    cfg = EfficientNetConfig(image_size=64, width_coefficient=0.25, depth_coefficient=0.25,
-                             hidden_dim=320, num_labels=10, initializer_range=init_range)
+    cfg = EfficientNetConfig(
+        image_size=64,
+        width_coefficient=0.25,
+        depth_coefficient=0.25,
+        hidden_dim=320,
+        num_labels=10,
+        initializer_range=init_range,
+    )
     return EfficientNetForImageClassification(cfg).eval()
 
 
@@ -58,4 +79,7 @@ for arch in ("efficientnet", "mobilenetv2", "resnet", "convnext", "vit"):
     print(f"{arch:14s} input {INPUT_DB:.0f} dB -> logits {db:6.1f} dB, top-1 kept {agree:.3f}")
 for r in (0.1, 0.2, 0.3, 0.4, 0.6, 1.0):
     db, agree = gain(effnet(r), 64)
-    print(f"efficientnet initializer_range {r}: input {INPUT_DB:.0f} dB -> logits {db:6.1f} dB, top-1 kept {agree:.3f}")
+    print(
+        f"efficientnet initializer_range {r}: input {INPUT_DB:.0f} dB -> "
+        f"logits {db:6.1f} dB, top-1 kept {agree:.3f}"
+    )

@@ -32,7 +32,15 @@ for t in names:
 sess = ort.InferenceSession(flt.SerializeToString(), providers=["CPUExecutionProvider"])
 mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
 photos = sorted(Path("winml_recipes/data/images/heldout").glob("*.jpg"))
-x = np.stack([((np.asarray(Image.open(p).convert("RGB").resize((64, 64)), np.float32) / 255 - mean) / std).transpose(2, 0, 1) for p in photos]).astype(np.float32)
+x = np.stack(
+    [
+        (
+            (np.asarray(Image.open(p).convert("RGB").resize((64, 64)), np.float32) / 255 - mean)
+            / std
+        ).transpose(2, 0, 1)
+        for p in photos
+    ]
+).astype(np.float32)
 runs = [sess.run(None, {"pixel_values": x[i : i + 1]}) for i in range(len(x))]  # batch 1 graph
 outs = {o.name: np.concatenate([r[k] for r in runs]) for k, o in enumerate(sess.get_outputs())}
 rows = []
@@ -43,7 +51,15 @@ for t in names:
     q = (np.clip(np.round(v / s) + z, info.min, info.max) - z) * s
     sq = 10 * np.log10((v**2).mean() / max(((v - q) ** 2).mean(), 1e-30))
     a = np.abs(v).ravel()
-    rows.append((sq, t, prod[t].op_type if t in prod else "input", float(np.percentile(a, 99.9) / max(a.max(), 1e-30)), float(np.sqrt((v**2).mean()) / s)))
+    rows.append(
+        (
+            sq,
+            t,
+            prod[t].op_type if t in prod else "input",
+            float(np.percentile(a, 99.9) / max(a.max(), 1e-30)),
+            float(np.sqrt((v**2).mean()) / s),
+        )
+    )
 for r in sorted(rows)[: int(sys.argv[3]) if len(sys.argv) > 3 else 25]:
     print(f"{r[0]:6.1f} dB  {r[2]:12s} rms/step {r[4]:7.2f}  p99.9/max {r[3]:.3f}  {r[1]}")
 print("median", np.median([r[0] for r in rows]), "n", len(rows))
@@ -55,4 +71,8 @@ for t in names:
     lo, hi = (info.min - z) * s, (info.max - z) * s
     frac = float(((v < lo - s / 2) | (v > hi + s / 2)).mean())
     if frac > 0:
-        print(f"  {t:20s} {prod[t].op_type if t in prod else 'input':10s} range [{lo:.3g},{hi:.3g}] held-out [{v.min():.3g},{v.max():.3g}] clipped {frac:.4f} shape {v.shape}")
+        print(
+            f"  {t:20s} {prod[t].op_type if t in prod else 'input':10s} "
+            f"range [{lo:.3g},{hi:.3g}] held-out [{v.min():.3g},{v.max():.3g}] "
+            f"clipped {frac:.4f} shape {v.shape}"
+        )
