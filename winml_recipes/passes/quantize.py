@@ -47,7 +47,7 @@ def held_out_skip(own: bool, cal_options: Mapping[str, Any], cal_samples: int) -
 @register
 class QuantizePass(Pass[QuantizeOptions]):
     name = "quantize"
-    version = 9
+    version = 10  # 10: whole-map AveragePool -> GlobalAveragePool before calibration
     summary = "Static (calibrated QDQ, the EP's rules, mixed precision) or dynamic quantization."
     precisions = precisions_of_kind("integer")
     uses_contract = True
@@ -516,6 +516,12 @@ def _quantize_with(
             model, src, algorithms, counted.factory, cal.samples, work_dir / "algorithms"
         )
         src = save_model(model, work_dir / "rewritten" / "model.onnx")
+    from winml_recipes.graph.pooling import whole_map_pools_to_global
+
+    # exact; onnxruntime's int8 fusion computes a window that overhangs the map wrongly
+    pools = whole_map_pools_to_global(model)
+    if pools:
+        src = save_model(model, work_dir / "global-pools" / "model.onnx")
     tensors = tensors_to_calibrate(model, list(cfg.op_types) or None)
     # Histogram settings the recipe leaves unset keep the calibrator's defaults.
     histogram = {k: v for k in ("num_bins", "percentile") if (v := getattr(cal, k)) is not None}
@@ -539,7 +545,7 @@ def _quantize_with(
         sentinels=sentinels,
     )
     calibration_seconds = time.perf_counter() - started
-    ep_metrics: dict[str, Any] = {}
+    ep_metrics: dict[str, Any] = {"whole_map_average_pools": pools} if pools else {}
     if sentinels or rules is not None:
         from winml_recipes.quant.calibrate import replace_sentinel_constants
 
