@@ -18,6 +18,8 @@ from winml_recipes.sdk.passes import Pass, check_component, register
 from winml_recipes.sdk.target import Target
 from winml_recipes.sdk.types import DataRead, ModelFacts, PlanContext, StepContext, StepResult
 
+DEFAULT_LEVEL_SAMPLES = 2
+
 if TYPE_CHECKING:
     from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
 
@@ -279,7 +281,12 @@ class VerifyPass(Pass[VerifyConfig]):
     def run(
         self, src: Path | None, out_dir: Path, config: VerifyConfig, ctx: StepContext
     ) -> StepResult:
-        from winml_recipes.services.runtime import argmax_agreement, compare_runs, run_model
+        from winml_recipes.services.runtime import (
+            argmax_agreement,
+            compare_runs,
+            run_at_default_level,
+            run_model,
+        )
         from winml_recipes.services.samples import (
             UpstreamFeeds,
             bundled_audio_input,
@@ -385,6 +392,15 @@ class VerifyPass(Pass[VerifyConfig]):
         float_gate = verify_float.gate(reference)  # never advisory: it judges the judge
         if float_gate is not None:
             gates.insert(0, float_gate)
+        default_gate = None
+        if target.verified_on == "cpu":  # what an app's plain InferenceSession runs
+            # two samples: a fusion that computes something else shows on any input
+            checked = feeds[:DEFAULT_LEVEL_SAMPLES]
+            agreement = compare_runs(target.outputs[: len(checked)],
+                                     run_at_default_level(src, checked))  # fmt: skip
+            record["at_default_level"] = {k: m["sqnr_db"] for k, m in agreement.items()}
+            default_gate = verify_float.default_level_gate(agreement)
+            gates.insert(0, default_gate)
         if config.zero_shot_with:  # the two towers together, after each tower's own check
             record["zero_shot"], zero_shot_gate = zeroshot.judge(
                 config, ctx, reference, target.outputs, on_target=True
@@ -401,6 +417,7 @@ class VerifyPass(Pass[VerifyConfig]):
                 f"verification on {target.verified_on} failed: "
                 + "; ".join(g.line() for g in failed)
                 + (verify_float.note(reference) if float_gate in failed else "")
+                + (verify_float.default_level_note(agreement) if default_gate in failed else "")
                 + _divergence_note(record.get("first_divergence"))
                 + _source_note(record.get("error_source")),
                 metrics=record,  # kept in the failed build's manifest

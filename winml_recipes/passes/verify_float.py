@@ -55,3 +55,28 @@ def note(reference: list[dict[str, Any]]) -> str:
         f"({', '.join(shown)}), so no comparison with it can judge the build: check its "
         "weights (random weights whose activations vanish?) and the input preprocessing"
     )
+
+
+DEFAULT_LEVEL = "onnxruntime default level"
+# Healthy cpu/int8 builds agree with themselves at BASIC and at ALL to 276-338 dB (tiny ViT,
+# ResNet, ConvNeXt, ConvNeXt V2, MobileNet V2, Swin, measured): the fusions compute the
+# same QDQ arithmetic. A fusion that computes something else lands far below (EfficientNet's
+# whole-map AveragePool: 0 dB, every logit 0).
+DEFAULT_LEVEL_MIN_SQNR_DB = 40.0
+
+
+def default_level_gate(agreement: dict[str, dict[str, float]]) -> Gate:
+    """The verified (BASIC) run against the same model at onnxruntime's default level, by
+    the worst output's SQNR."""
+    worst = min(m["sqnr_db"] for m in agreement.values())
+    return Gate(DEFAULT_LEVEL, "sqnr_db", float(worst), DEFAULT_LEVEL_MIN_SQNR_DB)
+
+
+def default_level_note(agreement: dict[str, dict[str, float]]) -> str:
+    name, worst = min(agreement.items(), key=lambda kv: kv[1]["sqnr_db"])
+    return (
+        f"; at onnxruntime's default optimization level (ALL, what an InferenceSession in an "
+        f"app uses) the model computes something else: {name} {worst['sqnr_db']:.1f} dB "
+        "against the verified run (BASIC): an onnxruntime graph fusion changes it; keep the "
+        "evidence and report it, or set the app's graph_optimization_level to BASIC"
+    )

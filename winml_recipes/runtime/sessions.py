@@ -325,6 +325,20 @@ def run_model(
     return [session.run(feed, i) for i, feed in enumerate(feeds)]
 
 
+def run_at_default_level(
+    path: Path | str, feeds: Sequence[Mapping[str, np.ndarray]]
+) -> list[dict[str, np.ndarray]]:
+    """Outputs on the CPU EP at onnxruntime's default graph optimization level (ALL: what
+    a plain `InferenceSession` in a user's app runs, QDQ fusions included), where every
+    other session here runs BASIC."""
+
+    def default_level(so: ort.SessionOptions) -> None:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+
+    session = open_session(path, CPU, configure=default_level)
+    return [session.run(feed, i) for i, feed in enumerate(feeds)]
+
+
 def open_bytes_session(model_bytes: bytes) -> ort.InferenceSession:
     """A CPU session over a serialized model (the exporter's parity check)."""
     return ort.InferenceSession(

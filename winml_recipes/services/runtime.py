@@ -21,7 +21,12 @@ if TYPE_CHECKING:  # the names, for type checkers and editors
         provider_for,
         provider_for_device,
     )
-    from winml_recipes.runtime.sessions import open_session, optimize_offline, run_model
+    from winml_recipes.runtime.sessions import (
+        open_session,
+        optimize_offline,
+        run_at_default_level,
+        run_model,
+    )
     from winml_recipes.runtime.sessions import run_model as run_reference
     from winml_recipes.runtime.splitcompile import (
         SPLIT_VERSION,
@@ -49,6 +54,7 @@ __all__ = [
     "plan_split",
     "provider_for",
     "provider_for_device",
+    "run_at_default_level",
     "run_model",
     "run_on_target",
     "run_reference",
@@ -94,7 +100,7 @@ def __getattr__(name: str) -> Any:
         from winml_recipes.runtime import providers as module
 
         return getattr(module, name)
-    if name in ("open_session", "optimize_offline", "run_model"):
+    if name in ("open_session", "optimize_offline", "run_at_default_level", "run_model"):
         from winml_recipes.runtime import sessions as module
 
         return getattr(module, name)
