@@ -396,10 +396,12 @@ class VerifyPass(Pass[VerifyConfig]):
         if target.verified_on == "cpu":  # what an app's plain InferenceSession runs
             # two samples: a fusion that computes something else shows on any input
             checked = feeds[:DEFAULT_LEVEL_SAMPLES]
-            agreement = compare_runs(target.outputs[: len(checked)],
-                                     run_at_default_level(src, checked))  # fmt: skip
-            record["at_default_level"] = {k: m["sqnr_db"] for k, m in agreement.items()}
-            default_gate = verify_float.default_level_gate(agreement)
+            at_default = verify_float.default_level_record(
+                compare_runs(reference[: len(checked)], target.outputs[: len(checked)]),
+                compare_runs(reference[: len(checked)], run_at_default_level(src, checked)),
+            )
+            record["at_default_level"] = at_default
+            default_gate = verify_float.default_level_gate(at_default)
             gates.insert(0, default_gate)
         if config.zero_shot_with:  # the two towers together, after each tower's own check
             record["zero_shot"], zero_shot_gate = zeroshot.judge(
@@ -417,7 +419,7 @@ class VerifyPass(Pass[VerifyConfig]):
                 f"verification on {target.verified_on} failed: "
                 + "; ".join(g.line() for g in failed)
                 + (verify_float.note(reference) if float_gate in failed else "")
-                + (verify_float.default_level_note(agreement) if default_gate in failed else "")
+                + (verify_float.default_level_note(at_default) if default_gate in failed else "")
                 + _divergence_note(record.get("first_divergence"))
                 + _source_note(record.get("error_source")),
                 metrics=record,  # kept in the failed build's manifest

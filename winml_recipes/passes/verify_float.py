@@ -58,25 +58,44 @@ def note(reference: list[dict[str, Any]]) -> str:
 
 
 DEFAULT_LEVEL = "onnxruntime default level"
-# Healthy cpu/int8 builds agree with themselves at BASIC and at ALL to 276-338 dB (tiny ViT,
-# ResNet, ConvNeXt, ConvNeXt V2, MobileNet V2, Swin, measured): the fusions compute the
-# same QDQ arithmetic. A fusion that computes something else lands far below (EfficientNet's
-# whole-map AveragePool: 0 dB, every logit 0).
-DEFAULT_LEVEL_MIN_SQNR_DB = 40.0
+# The default level's run may round differently (fused integer kernels), but it must not be
+# further from float than the run verify judged by more than this. Measured: healthy
+# cpu/int8 builds agree with themselves at BASIC and ALL to 276-338 dB (tiny ViT, ResNet,
+# ConvNeXt, ConvNeXt V2, MobileNet V2, Swin); MobileViT's differ (28 dB between the levels)
+# at the same distance from float; EfficientNet's quantized whole-map AveragePool gave 0
+# for every logit at ALL (0 dB vs float, against 12 dB verified).
+DEFAULT_LEVEL_MAX_LOSS_DB = 3.0
+# At or above this SQNR vs float a run is float's to any purpose (a float build at ALL fuses
+# LayerNormalization or Gelu and rounds differently from BASIC): its change is not counted.
+EXACT_ENOUGH_DB = 60.0
 
 
-def default_level_gate(agreement: dict[str, dict[str, float]]) -> Gate:
-    """The verified (BASIC) run against the same model at onnxruntime's default level, by
-    the worst output's SQNR."""
-    worst = min(m["sqnr_db"] for m in agreement.values())
-    return Gate(DEFAULT_LEVEL, "sqnr_db", float(worst), DEFAULT_LEVEL_MIN_SQNR_DB)
+def default_level_record(
+    verified: dict[str, dict[str, float]], default: dict[str, dict[str, float]]
+) -> dict[str, dict[str, float]]:
+    """Per output: SQNR vs float of the verified (BASIC) run and of the default-level run."""
+    return {
+        name: {"verified_sqnr_db": verified[name]["sqnr_db"], "sqnr_db": default[name]["sqnr_db"]}
+        for name in verified
+    }
 
 
-def default_level_note(agreement: dict[str, dict[str, float]]) -> str:
-    name, worst = min(agreement.items(), key=lambda kv: kv[1]["sqnr_db"])
+def default_level_gate(record: dict[str, dict[str, float]]) -> Gate:
+    """The worst output's SQNR change (default level minus verified run), >= -3 dB."""
+    worst = min(_change(m) for m in record.values())
+    return Gate(DEFAULT_LEVEL, "sqnr_change_db", float(worst), -DEFAULT_LEVEL_MAX_LOSS_DB)
+
+
+def default_level_note(record: dict[str, dict[str, float]]) -> str:
+    name, worst = min(record.items(), key=lambda kv: _change(kv[1]))
     return (
         f"; at onnxruntime's default optimization level (ALL, what an InferenceSession in an "
-        f"app uses) the model computes something else: {name} {worst['sqnr_db']:.1f} dB "
-        "against the verified run (BASIC): an onnxruntime graph fusion changes it; keep the "
-        "evidence and report it, or set the app's graph_optimization_level to BASIC"
+        f"app uses) the model computes something else: {name} {worst['sqnr_db']:.1f} dB vs "
+        f"float against {worst['verified_sqnr_db']:.1f} dB in the verified run (BASIC): an "
+        "onnxruntime graph fusion changes it; keep the evidence and report it, or set the "
+        "app's graph_optimization_level to BASIC"
     )
+
+
+def _change(m: dict[str, float]) -> float:
+    return 0.0 if m["sqnr_db"] >= EXACT_ENOUGH_DB else m["sqnr_db"] - m["verified_sqnr_db"]

@@ -18,6 +18,7 @@ _METRICS: dict[str, tuple[str, str, bool]] = {
     "decision_iou": ("decision IoU", "", True),
     "argmax_agreement": ("whole-sample argmax agreement", "", True),
     "distinct_samples": ("held-out samples it tells apart", "", True),
+    "sqnr_change_db": ("SQNR vs float, change from the verified run", " dB", True),
 }
 # A softmax output is held to whole-sample argmax agreement besides its decisions' IoU: the
 # share of samples whose argmax over classes (every step of a sequence) is float's.
