@@ -6,7 +6,7 @@ AveragePool whose window covers the whole map with ceil_mode (EfficientNet's hea
 quantize rewrote it to GlobalAveragePool) gives 0 for every value at ALL and the right
 average at BASIC; healthy cpu/int8 builds agree with themselves at both levels to
 276-338 dB. The default level's run must be no further from float than the verified run by
-more than 3 dB."""
+more than 10 dB."""
 
 from __future__ import annotations
 
@@ -83,4 +83,4 @@ def test_a_cpu_build_records_its_default_level_agreement(tmp_path: Path) -> None
     at_default = verify["metrics"]["at_default_level"]["logits"]
     assert at_default["sqnr_db"] == at_default["verified_sqnr_db"]  # the same arithmetic
     gate = next(g for g in verify["metrics"]["gates"] if g["output"].startswith("onnxruntime"))
-    assert gate["passed"] and gate["threshold"] == -3.0
+    assert gate["passed"] and gate["threshold"] == -10.0

@@ -59,12 +59,14 @@ def note(reference: list[dict[str, Any]]) -> str:
 
 DEFAULT_LEVEL = "onnxruntime default level"
 # The default level's run may round differently (fused integer kernels), but it must not be
-# further from float than the run verify judged by more than this. Measured: healthy
+# further from float than the run verify judged by more than this: legitimate rounding moves
+# an output a few dB (sam3-tiny's decoder at cpu/int8: object_score_logits 32.0 -> 28.4 dB
+# on two samples), a fusion that computes something else lands near 0 dB. Measured: healthy
 # cpu/int8 builds agree with themselves at BASIC and ALL to 276-338 dB (tiny ViT, ResNet,
 # ConvNeXt, ConvNeXt V2, MobileNet V2, Swin); MobileViT's differ (28 dB between the levels)
 # at the same distance from float; EfficientNet's quantized whole-map AveragePool gave 0
 # for every logit at ALL (0 dB vs float, against 12 dB verified).
-DEFAULT_LEVEL_MAX_LOSS_DB = 3.0
+DEFAULT_LEVEL_MAX_LOSS_DB = 10.0
 # At or above this SQNR vs float a run is float's to any purpose (a float build at ALL fuses
 # LayerNormalization or Gelu and rounds differently from BASIC): its change is not counted.
 EXACT_ENOUGH_DB = 60.0
@@ -81,7 +83,7 @@ def default_level_record(
 
 
 def default_level_gate(record: dict[str, dict[str, float]]) -> Gate:
-    """The worst output's SQNR change (default level minus verified run), >= -3 dB."""
+    """The worst output's SQNR change (default level minus verified run), >= -10 dB."""
     worst = min(_change(m) for m in record.values())
     return Gate(DEFAULT_LEVEL, "sqnr_change_db", float(worst), -DEFAULT_LEVEL_MAX_LOSS_DB)
 
