@@ -73,3 +73,17 @@ def test_the_same_graph_seeing_its_input_is_judged(tmp_path: Path) -> None:
     assert done.exit_code == 0, done.stderr
     gate = _float_gate(tmp_path / "out1.0")
     assert (gate["value"], gate["passed"]) == (8.0, True)  # 8 random samples, 8 answers
+
+
+def test_held_out_inputs_all_alike_are_named(tmp_path: Path) -> None:
+    """The same refusal when the data, not the model, gives nothing to tell apart."""
+    rng = np.random.default_rng(1)
+    np.savez(tmp_path / "calib.npz", x=rng.normal(0, 1, (16, 1, 16)).astype(np.float32))
+    one = rng.normal(0, 1, (1, 1, 16)).astype(np.float32)
+    np.savez(tmp_path / "heldout.npz", x=np.repeat(one, 4, axis=0))
+    model = _classifier(tmp_path / "model.onnx", 1.0)
+    done = cli("build", "--onnx", model, "--device", "cpu", "--precision", "int8",
+               "--calibration-data", tmp_path / "calib.npz", "--eval-data",
+               tmp_path / "heldout.npz", "-o", tmp_path / "out")  # fmt: skip
+    assert done.exit_code == 3, done.stderr
+    assert "the 4 held-out inputs are all the same" in done.stderr

@@ -418,7 +418,7 @@ class VerifyPass(Pass[VerifyConfig]):
             raise QualityGateError(
                 f"verification on {target.verified_on} failed: "
                 + "; ".join(g.line() for g in failed)
-                + (verify_float.note(reference) if float_gate in failed else "")
+                + (verify_float.note(reference, feeds) if float_gate in failed else "")
                 + (verify_float.default_level_note(at_default) if default_gate in failed else "")
                 + _divergence_note(record.get("first_divergence"))
                 + _source_note(record.get("error_source")),

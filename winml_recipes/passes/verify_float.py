@@ -40,8 +40,13 @@ def gate(reference: list[dict[str, Any]]) -> Gate | None:
     return Gate("float model", METRIC, float(distinct_samples(reference)), 2.0)
 
 
-def note(reference: list[dict[str, Any]]) -> str:
+def note(reference: list[dict[str, Any]], feeds: list[dict[str, Any]]) -> str:
     """What the float outputs were and what to check, for the failure message."""
+    if distinct_samples(feeds) < 2:
+        return (
+            f"; the {len(feeds)} held-out inputs are all the same: give verify distinct "
+            "samples (the data file, or verify.samples)"
+        )
     first = reference[0]
     shown = []
     for name, value in list(first.items())[:3]:
