@@ -564,28 +564,29 @@ def _quantize_with(
     ranges_path = work_dir / "ranges.json"
     write_ort_cache(ranges, ranges_path)
     overrides, float_nodes = compile_regions(cfg.regions, model, tensors)
-    # LayerNormalization inputs with rows too narrow for one 8-bit encoding: 16 bit (on the
-    # CPU EP, where it was measured; NPU EPs have their own repair, quant/repair.py)
-    from winml_recipes.quant.narrow_rows import narrow_rows, promoted
+    # Precision choices measured on the float model's values (on the CPU EP, where they were
+    # measured; NPU EPs have their own repair, quant/repair.py), from one tapped run:
+    # LayerNormalization inputs with rows too narrow for one 8-bit encoding get 16 bit, the
+    # score chains a TopK selects by stay float when their keys span a few 8-bit steps.
+    from winml_recipes.quant import narrow_rows as rows
+    from winml_recipes.quant import selection_keys as topk
+    from winml_recipes.quant.calibration_taps import tapped_values
 
-    narrow = (
-        narrow_rows(model, ranges, counted.factory, cfg.activation_type, work_dir)
-        if cfg.ep == "cpu"
-        else {}
+    on_cpu = cfg.ep == "cpu"
+    ln_inputs = rows.candidates(model, ranges, cfg.activation_type) if on_cpu else {}
+    chains = topk.key_chains(model, ranges, cfg.activation_type) if on_cpu else {}
+    values = tapped_values(
+        model, [*ln_inputs, *topk.tapped(chains, ranges)], counted.factory, work_dir
     )
+    narrow = rows.narrow_rows(model, ranges, ln_inputs, values) if values else {}
     narrow = {t: v for t, v in narrow.items() if t not in overrides}  # the recipe's choice
     if narrow:
         wide = "int16" if cfg.activation_type.startswith("int") else "uint16"
-        overrides |= {t: [{"quant_type": wide}] for t in promoted(narrow) if t not in overrides}
+        overrides |= {
+            t: [{"quant_type": wide}] for t in rows.promoted(narrow) if t not in overrides
+        }
         ep_metrics["layernorm_rows_16bit"] = narrow
-    # the score chains a TopK selects by, when their keys span a few 8-bit steps: float (CPU)
-    from winml_recipes.quant.selection_keys import selection_keys
-
-    keys = (
-        selection_keys(model, ranges, counted.factory, cfg.activation_type, work_dir)
-        if cfg.ep == "cpu"
-        else {}
-    )
+    keys = topk.selection_keys(ranges, chains, values) if values else {}
     if keys:
         ep_metrics["topk_keys_float"] = keys
         float_nodes = [*float_nodes, *(n for k in keys.values() for n in k["nodes"])]

@@ -11,8 +11,9 @@ the same happens to wav2vec2's silent frames. The input tensors whose narrowest 
 fewer than MIN_STEPS steps get 16-bit activations (an override, recorded in the quantize
 record as `layernorm_rows_16bit`); a model whose rows are all wide enough is left as it
 was. Applied on the CPU EP (quantize calls it for cpu targets only: measured there; the
-NPU EPs' departures are repaired by quant/repair.py). Models above MAX_MODEL_BYTES are not
-measured (the taps copy the model).
+NPU EPs' departures are repaired by quant/repair.py). The row spreads are measured on a few
+calibration samples of the float model (quant/calibration_taps.py, one run shared with
+selection_keys.py).
 
 A row is lost where its values are first written at 8 bit, so the promotion follows the
 input back through ops that only move values (Reshape, Transpose, ...) to the op that
@@ -24,8 +25,7 @@ AbsRel worst 0.63), with the Conv and Reshape too 0.057.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -34,8 +34,6 @@ import onnx
 # A row spanning k steps (std / step) keeps about 20*log10(k) + 10.8 dB after the
 # LayerNormalization's division; 8 steps is 28.8 dB, the level the w8a16 presets gate at.
 MIN_STEPS = 8.0
-SAMPLES = 4  # calibration samples the row spreads are measured on
-MAX_MODEL_BYTES = 1 << 30  # the taps copy the model in memory: larger ones are not measured
 # ops whose output holds their first input's values, moved: a row's precision is set where
 # the values were computed, before these
 MOVES = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
@@ -74,32 +72,27 @@ def promoted(chosen: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def candidates(
+    model: onnx.ModelProto, ranges: Mapping[str, tuple[float, float]], activation_type: str
+) -> dict[str, int]:
+    """The quantized LayerNormalization inputs to measure -> their normalization axis;
+    nothing for 16-bit activations."""
+    if activation_type.endswith("16"):
+        return {}
+    return {t: a for t, a in _ln_inputs(model, ranges).items() if t in ranges}
+
+
 def narrow_rows(
     model: onnx.ModelProto,
     ranges: Mapping[str, tuple[float, float]],
-    feeds: Callable[[], Iterable[dict[str, np.ndarray]]],
-    activation_type: str,
-    work_dir: Path,
+    inputs: Mapping[str, int],
+    values: Iterable[Mapping[str, np.ndarray]],
 ) -> dict[str, dict[str, Any]]:
-    """The LayerNormalization inputs to keep at 16 bit: tensor -> {narrowest row std,
-    steps it spans at 8 bit, the median row's steps, and `carried_from` where the values
-    come unchanged from earlier tensors}. Nothing for 16-bit activations."""
-    if activation_type.endswith("16"):
-        return {}
-    inputs = {t: a for t, a in _ln_inputs(model, ranges).items() if t in ranges}
-    if not inputs or model.ByteSize() > MAX_MODEL_BYTES:
-        return {}
-    from winml_recipes.onnx.io import save_model
-    from winml_recipes.quant.divergence import _with_outputs
-    from winml_recipes.runtime.sessions import run_model
-
-    tapped = onnx.ModelProto()
-    tapped.CopyFrom(model)
-    path = save_model(_with_outputs(tapped, list(inputs)), work_dir / "narrow-rows" / "model.onnx")
-    del tapped
-    batch = [feed for _, feed in zip(range(SAMPLES), feeds(), strict=False)]
+    """The LayerNormalization inputs (`candidates`) to keep at 16 bit, judged on their float
+    `values` per sample: tensor -> {narrowest row std, steps it spans at 8 bit, the median
+    row's steps, and `carried_from` where the values come unchanged from earlier tensors}."""
     seen: dict[str, list[np.ndarray]] = {t: [] for t in inputs}
-    for outputs in run_model(path, batch):
+    for outputs in values:
         for name in inputs:
             value = np.asarray(outputs[name], np.float64)
             axis = inputs[name] % value.ndim

@@ -7,8 +7,9 @@ each other, and rounding decides the selection. Measured on the tiny RT-DETR of 
 (random weights, cpu/int8): its 84 anchor scores lay within 0.0018 of -0.693, 0.7 of one
 step; the QDQ model's top-10 anchors agreed with float's 51% of the time (box F1 0.41), and
 86% with the score chain kept float (box F1 0.70). The calibrated ranges are widened to
-hold 0, so the keys' own spread is measured: the float model runs SAMPLES calibration
-samples with the chain's quantized tensors tapped. A TopK whose keys span fewer than
+hold 0, so the keys' own spread is measured: the float model runs a few calibration samples
+with the chain's quantized tensors tapped (quant/calibration_taps.py, one run shared with
+narrow_rows.py). A TopK whose keys span fewer than
 MIN_STEPS steps of their 8-bit encoding (on the sample where they span least) has the
 nodes that compute them from the last quantized producer (order-keeping or elementwise ops:
 a bias Add, a ReduceMax over classes, reshapes) kept float, recorded in the quantize record
@@ -19,16 +20,13 @@ on the CPU).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import onnx
 
 MIN_STEPS = 64.0
-SAMPLES = 4  # calibration samples the keys' spread is measured on
-MAX_MODEL_BYTES = 1 << 30  # the taps copy the model in memory: larger ones are not measured
 # ops a key chain may run through: each output is an elementwise or order-keeping function
 # of one computed input (the other inputs constants or broadcast operands)
 _CHAIN = frozenset({
@@ -60,33 +58,33 @@ def _chains(model: onnx.ModelProto) -> dict[str, list[tuple[str, str]]]:
     return out
 
 
-def selection_keys(
-    model: onnx.ModelProto,
-    ranges: Mapping[str, tuple[float, float]],
-    feeds: Callable[[], Iterable[dict[str, np.ndarray]]],
-    activation_type: str,
-    work_dir: Path,
-) -> dict[str, dict[str, Any]]:
-    """TopK node -> {keys, span_steps, nodes}: the key chains to keep float (none at 16 bit)."""
+def key_chains(
+    model: onnx.ModelProto, ranges: Mapping[str, tuple[float, float]], activation_type: str
+) -> dict[str, list[tuple[str, str]]]:
+    """TopK node -> its key chain [(node, tensor), ...], for the chains with a quantized
+    tensor to measure; nothing for 16-bit activations."""
     if activation_type.endswith("16"):
         return {}
-    chains = _chains(model)
-    tapped_names = sorted({t for c in chains.values() for _, t in c if t in ranges})
-    if not tapped_names or model.ByteSize() > MAX_MODEL_BYTES:
-        return {}
-    from winml_recipes.onnx.io import save_model
-    from winml_recipes.quant.divergence import _with_outputs
-    from winml_recipes.runtime.sessions import run_model
+    return {k: c for k, c in _chains(model).items() if any(t in ranges for _, t in c)}
 
-    tapped = onnx.ModelProto()
-    tapped.CopyFrom(model)
-    path = save_model(_with_outputs(tapped, tapped_names), work_dir / "topk-keys" / "model.onnx")
-    del tapped
-    batch = [feed for _, feed in zip(range(SAMPLES), feeds(), strict=False)]
-    spans: dict[str, float] = {t: np.inf for t in tapped_names}
-    for outputs in run_model(path, batch):
-        for name in tapped_names:
-            spans[name] = min(spans[name], float(np.ptp(np.asarray(outputs[name], np.float64))))
+
+def tapped(chains: Mapping[str, list[tuple[str, str]]], ranges: Mapping[str, Any]) -> set[str]:
+    """The tensors of `chains` whose spread is measured (the quantized ones)."""
+    return {t for c in chains.values() for _, t in c if t in ranges}
+
+
+def selection_keys(
+    ranges: Mapping[str, tuple[float, float]],
+    chains: Mapping[str, list[tuple[str, str]]],
+    values: Iterable[Mapping[str, np.ndarray]],
+) -> dict[str, dict[str, Any]]:
+    """TopK node -> {keys, span_steps, nodes}: the key chains (`key_chains`) to keep float,
+    judged on the float `values` of their tensors per sample."""
+    spans: dict[str, float] = {}
+    for outputs in values:
+        for name in tapped(chains, ranges):
+            span = float(np.ptp(np.asarray(outputs[name], np.float64)))
+            spans[name] = min(spans.get(name, np.inf), span)
     out: dict[str, dict[str, Any]] = {}
     for topk, chain in chains.items():
         steps = {i: spans[t] / _step(ranges[t]) for i, (_, t) in enumerate(chain) if t in spans}

@@ -319,9 +319,10 @@ def run_model(
     ep_key: str = CPU,
     *,
     fallback: bool = True,
+    configure: Callable[[ort.SessionOptions], None] | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """Outputs (by name, in graph order) for each feed, from one session."""
-    session = open_session(path, ep_key, fallback=fallback)
+    session = open_session(path, ep_key, fallback=fallback, configure=configure)
     return [session.run(feed, i) for i, feed in enumerate(feeds)]
 
 
@@ -335,8 +336,7 @@ def run_at_default_level(
     def default_level(so: ort.SessionOptions) -> None:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
 
-    session = open_session(path, CPU, configure=default_level)
-    return [session.run(feed, i) for i, feed in enumerate(feeds)]
+    return run_model(path, feeds, configure=default_level)
 
 
 def open_bytes_session(model_bytes: bytes) -> ort.InferenceSession:
