@@ -403,6 +403,8 @@ def _steps_with_data(
             if held_out is not None and options.get("algorithms") == "auto":
                 # `algorithms: auto` scores its candidates on the held-out data too
                 options["algorithms"] = _data_option(held_out)
+            if held_out is not None and options.get("mode") == "auto":
+                options["held_out"] = _data_option(held_out)  # so does `mode: auto`
         elif name == "verify" and held_out is not None:
             options = {**options, **_data_option(held_out)}
             if allow_overlap:

@@ -55,6 +55,9 @@ def step_lines(s: StepRecord) -> list[str]:
     out = []
     if metrics.get("calibration_source"):
         out.append(f"calibrated on {data_line(metrics, 'calibration')}")
+    choice = metrics.get("format_choice") or {}
+    if choice.get("kept") not in (None, "static"):
+        out.append(f"quantized {choice['kept']}: {choice.get('why', '')}")
     repair = metrics.get("divergence_repair") or {}
     if repair.get("repaired") or repair.get("still_departs"):
         out.append(_repair_line(repair))

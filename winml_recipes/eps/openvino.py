@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from winml_recipes.sdk.ep import ExecutionProvider, QuantRules
+from winml_recipes.sdk.ep import ExecutionProvider, QuantRules, register_library_once
 from winml_recipes.sdk.ranges import TiedTensors, unify_ranges
 
 if TYPE_CHECKING:
@@ -373,7 +373,7 @@ def available() -> tuple[bool, str]:
 
     if not [d for d in ort.get_ep_devices() if d.ep_name == EP_NAME]:
         try:
-            ort.register_execution_provider_library(EP_NAME, library)
+            register_library_once(EP_NAME, library)
         except Exception as exc:  # onnxruntime raises Fail with the loader's message
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
             return False, f"cannot load {library}: {first}"

@@ -21,6 +21,7 @@ from winml_recipes.quant.config import (
     resolve,
 )
 from winml_recipes.sdk.ep import get_ep
+from winml_recipes.sdk.errors import PlanError
 from winml_recipes.sdk.passes import Pass, check_component, model_file, register
 from winml_recipes.sdk.target import Target
 from winml_recipes.sdk.types import DataRead, ModelFacts, PlanContext, StepContext, StepResult
@@ -47,7 +48,7 @@ def held_out_skip(own: bool, cal_options: Mapping[str, Any], cal_samples: int) -
 @register
 class QuantizePass(Pass[QuantizeOptions]):
     name = "quantize"
-    version = 10  # 10: whole-map AveragePool -> GlobalAveragePool before calibration
+    version = 11  # 11: mode auto (static, else dynamic where static misses the task)
     summary = "Static (calibrated QDQ, the EP's rules, mixed precision) or dynamic quantization."
     precisions = precisions_of_kind("integer")
     uses_contract = True
@@ -87,6 +88,11 @@ class QuantizePass(Pass[QuantizeOptions]):
             own = {k: getattr(auto.auto, k) for k in HELD_OUT_KEYS if getattr(auto.auto, k)}
             if own:
                 reads.append(DataRead("held_out", own, auto.auto.skip, auto.auto.samples))
+        if config.mode == "auto" and config.held_out is not None:
+            own = {k: getattr(config.held_out, k) for k in HELD_OUT_KEYS}
+            own = {k: v for k, v in own.items() if v}
+            if own:
+                reads.append(DataRead("held_out", own, 0, FORMAT_CHOICE_SAMPLES))
         algos = config.algorithms
         if isinstance(algos, AlgorithmsAuto):
             own = {k: getattr(algos, k) for k in HELD_OUT_KEYS if getattr(algos, k)}
@@ -114,7 +120,11 @@ class QuantizePass(Pass[QuantizeOptions]):
             preset["ep_rules"] = [type(rules).__module__, type(rules).__qualname__, rules.name]
             if rules.revision:
                 preset["ep_rules"].append(rules.revision)
-        scored = isinstance(config.mixed_precision, MixedAuto) or config.algorithms == "auto"
+        scored = (
+            isinstance(config.mixed_precision, MixedAuto)
+            or config.algorithms == "auto"
+            or config.mode == "auto"
+        )
         if not (scored or isinstance(config.algorithms, AlgorithmsAuto)):
             return {"data": data, "preset": preset}
         # Automatic mixed precision scores candidates on the target's EP where it loads.
@@ -185,6 +195,8 @@ class QuantizePass(Pass[QuantizeOptions]):
         out = model_file(out_dir)
         if cfg.mode == "dynamic":
             return _dynamic(src, out, cfg, exclude)
+        if cfg.mode == "auto":
+            return _static_or_dynamic(src, out, cfg, exclude, ctx)
         return _static(src, out, cfg, exclude, ctx)
 
 
@@ -205,6 +217,58 @@ def _dynamic(src: Path, out: Path, cfg: QuantConfig, exclude: list[str]) -> Step
     report = quantization_report(load_model(src), load_model(out))
     _require_quantized(report, [], cfg)
     return StepResult(out, _base_metrics(cfg) | report | {"qdq_insertion_time_seconds": seconds})
+
+
+# Held-out samples `mode: auto` scores the static model on (as `algorithms: auto` does).
+FORMAT_CHOICE_SAMPLES = 8
+
+
+def _static_or_dynamic(
+    src: Path, out: Path, cfg: QuantConfig, exclude: list[str], ctx: StepContext
+) -> StepResult:
+    """`mode: auto`: the static model, or a dynamic one where static misses the task on
+    held-out samples (quant/format_choice.py)."""
+    from winml_recipes.quant.format_choice import choose_format
+    from winml_recipes.sdk.metrics import metric_for
+    from winml_recipes.services.samples import feeds_for, take
+
+    static_cfg = replace(cfg, mode="static")
+    cal = static_cfg.calibration
+    assert cal is not None
+    cal_options = {k: v for k, v in vars(cal).items() if v is not None}
+    metric = metric_for(ctx.task, ctx.contract)
+    held_out: list = []
+    unscored = None
+    own = cfg.held_out or {}
+    if metric is not None:
+        try:
+            held_out = take(
+                feeds_for(
+                    own or cal_options, ctx.contract, ctx.recipe_dir, ctx.upstream,
+                    FORMAT_CHOICE_SAMPLES, cal.seed + ctx.seed + HELD_OUT_SEED_OFFSET,
+                    ctx.store, for_calibration=True,
+                    skip=held_out_skip(bool(own), cal_options, cal.samples), held_out=True,
+                ),
+                FORMAT_CHOICE_SAMPLES,
+            )  # fmt: skip
+        except PlanError as exc:  # the calibration files hold no more than calibration's
+            unscored = f"no held-out samples to score on ({exc.message}); set quantize.held_out"
+            metric = None
+    kept, record = choose_format(
+        src,
+        out,
+        ctx.work_dir,
+        lambda dest: _static(src, dest, static_cfg, exclude, ctx).metrics,
+        lambda dest, dyn: _dynamic(src, dest, dyn, exclude).metrics,
+        held_out,
+        metric,
+        cfg,
+        ctx.target.device,
+        ctx.progress,
+    )
+    if unscored is not None:
+        record["why"] = f"static QDQ kept unscored: {unscored}"
+    return StepResult(out, kept | {"format_choice": record})
 
 
 def _static(

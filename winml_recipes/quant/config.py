@@ -114,10 +114,24 @@ class AlgorithmsAuto:
 
 
 @dataclass(frozen=True)
+class HeldOutData:
+    """Where `mode: auto` scores the static model (one of them)."""
+
+    npz: str | None = option(None, "Held-out scoring data (.npz glob).")
+    images: str | None = option(None, "Held-out scoring data: an image folder.")
+    dataset: str | None = option(None, "Held-out scoring data: a saved `datasets` split.")
+
+
+@dataclass(frozen=True)
 class QuantizeOptions:
     """The quantize step's options; unset ones come from the precision and device presets."""
 
-    mode: Literal["static", "dynamic"] = "static"
+    mode: Literal["static", "dynamic", "auto"] = option(
+        "static",
+        "static: calibrated ranges (QDQ). dynamic: onnxruntime's run-time activation ranges "
+        "(MatMulInteger/ConvInteger; CPU EPs). auto (CPU EPs): static, unless it misses the "
+        "task metric's gates on held-out samples and a dynamic candidate holds them.",
+    )
     format: Literal["qdq", "qoperator"] | None = option(None, "Default: the device preset.")
     activation_type: QuantType | None = option(None, "Default: the precision.")
     weight_type: QuantType | None = option(None, "Default: the precision.")
@@ -135,6 +149,12 @@ class QuantizeOptions:
         "shared encodings, op constraints). Default: true for static QDQ when the EP has rules.",
     )
     calibration: CalibrationConfig | None = None
+    held_out: HeldOutData | None = option(
+        None,
+        "mode auto: the data the static model is scored on. Default: the calibration "
+        "files' samples after the calibration ones, else the bundled held-out photos or "
+        "speech (build --onnx: its --eval-data).",
+    )
     algorithms: (
         Annotated[tuple[Algorithm, ...], Schema(uniqueItems=True)]
         | Literal["auto"]
@@ -185,6 +205,7 @@ class QuantConfig:
     auto: dict[str, Any] | None = None
     algorithms: tuple[str, ...] = ()  # applied as given
     algorithms_auto: dict[str, Any] | None = None  # `auto`: chosen by score
+    held_out: dict[str, str] | None = None  # mode auto's scoring data (None: the default)
     repair_divergence: bool = True  # where the target departs from the simulation
 
     def to_dict(self) -> dict[str, Any]:
@@ -206,8 +227,14 @@ def resolve(options: QuantizeOptions, target: Target) -> QuantConfig:
     rules = ep.quant_rules
     o = options
     mode = o.mode
+    if mode == "auto" and rules is not None and rules.requires_static_qdq:
+        raise PlanError(
+            f"quantize: mode auto may choose dynamic quantization, which {target.device} "
+            f"cannot run ({ep.key} runs static QDQ models); use mode: static"
+        )
+    calibrated = mode in ("static", "auto")  # auto quantizes statically first
     fmt = _given(o.format, device.get("format", "qdq"))
-    ep_rules = _given(o.ep_rules, rules is not None and mode == "static" and fmt == "qdq")
+    ep_rules = _given(o.ep_rules, rules is not None and calibrated and fmt == "qdq")
     if ep_rules and rules is None:
         raise PlanError(
             f"quantize: the execution provider {ep.key} has no quantization rules; remove ep_rules"
@@ -245,7 +272,7 @@ def resolve(options: QuantizeOptions, target: Target) -> QuantConfig:
     regions = tuple(r.to_dict() for r in mixed) if isinstance(mixed, tuple) else ()
     auto = asdict(mixed.auto) if isinstance(mixed, MixedAuto) else None
     cal = None
-    if mode == "static":
+    if calibrated:
         _check_ort_combination(fmt, activation_type, weight_type)
         c = o.calibration or CalibrationConfig()
         sources = [
@@ -275,6 +302,10 @@ def resolve(options: QuantizeOptions, target: Target) -> QuantConfig:
     weight_symmetric = _given(
         o.weight_symmetric, wants.get("weight_symmetric", weight_type.startswith("int"))
     )
+    if o.held_out is not None and mode != "auto":
+        raise PlanError(
+            "quantize: held_out is the data mode auto scores on; set mode: auto or remove held_out"
+        )
     cfg = QuantConfig(
         mode=mode,
         format=fmt,
@@ -294,6 +325,7 @@ def resolve(options: QuantizeOptions, target: Target) -> QuantConfig:
         regions=regions,
         auto=auto,
         repair_divergence=o.repair_divergence,
+        held_out={k: v for k, v in asdict(o.held_out).items() if v} if o.held_out else None,
         **_algorithms(o, mode),
     )
     problem = rules.check(cfg) if ep_rules and rules is not None else None
@@ -306,7 +338,7 @@ def _algorithms(options: QuantizeOptions, mode: str) -> dict[str, Any]:
     chosen = options.algorithms
     if not chosen:  # None, or [] (auto off, as the presets document)
         return {}
-    if mode != "static":
+    if mode == "dynamic":
         raise PlanError(
             "quantize: algorithms need calibration data (mode: static); remove algorithms "
             "or use mode: static"

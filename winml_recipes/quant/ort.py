@@ -14,11 +14,14 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from winml_recipes.onnx.io import adopt_sidecars
 from winml_recipes.quant.config import QuantConfig
 from winml_recipes.sdk.ep import QuantRules
+
+if TYPE_CHECKING:
+    import onnx
 
 QUANT_TYPES = {"uint8": "QUInt8", "int8": "QInt8", "uint16": "QUInt16", "int16": "QInt16"}
 LARGE_MODEL_BYTES = 1 << 30
@@ -239,7 +242,7 @@ def quantize_dynamic_integer(src: Path, out: Path, cfg: QuantConfig, exclude: li
 
     with quiet_ort_logging():
         quantize_dynamic(
-            str(src),
+            _without_initializer_shapes(src),
             str(out),
             op_types_to_quantize=list(cfg.op_types) or None,
             per_channel=cfg.per_channel,
@@ -250,6 +253,25 @@ def quantize_dynamic_integer(src: Path, out: Path, cfg: QuantConfig, exclude: li
             extra_options={"WeightSymmetric": cfg.weight_symmetric},
         )
     adopt_sidecars(out)
+
+
+def _without_initializer_shapes(src: Path) -> str | onnx.ModelProto:
+    """`src`, without value_info entries that repeat an initializer's shape (the dynamo
+    exporter writes them). onnxruntime's dynamic quantizer re-infers shapes after it
+    re-lays a per-channel Gemm weight, and such an entry then fails inference ("Inferred
+    shape and existing shape differ in dimension 0: (320) vs (10)": EfficientNet's
+    classifier). Initializers carry their own shapes, so nothing is lost."""
+    from winml_recipes.onnx.io import load_model
+
+    graph = load_model(src, load_external_data=False).graph
+    initializers = {i.name for i in graph.initializer}
+    if not any(v.name in initializers for v in graph.value_info):
+        return str(src)
+    model = load_model(src)
+    kept = [v for v in model.graph.value_info if v.name not in initializers]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept)
+    return model
 
 
 def quantizable_op_types() -> set[str]:

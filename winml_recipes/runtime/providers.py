@@ -15,7 +15,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from winml_recipes.sdk.ep import ExecutionProvider, execution_providers, get_ep
+from winml_recipes.sdk.ep import (
+    ExecutionProvider,
+    execution_providers,
+    get_ep,
+    register_library_once,
+)
 from winml_recipes.sdk.target import Target
 
 CPU = "cpu"
@@ -98,7 +103,7 @@ def _availability(key: str) -> Availability:
     with native_output_captured():
         try:
             if not ep_devices(ep):
-                ort.register_execution_provider_library(ep.provider, library)
+                register_library_once(ep.provider, library)
             error = None
         except Exception as exc:  # ORT raises Fail with the loader's message
             error = exc

@@ -272,6 +272,24 @@ class ExecutionProvider:
         return None
 
 
+_REGISTERED_LIBRARIES: set[tuple[str, str]] = set()
+
+
+def register_library_once(provider: str, library: str) -> None:
+    """Register an EP plugin library with onnxruntime, once per process (a second
+    registration raises "EP library is already registered"). A plugin that registered and
+    offers no device (OpenVINO's on an AMD host) lists no EP device either, so the devices
+    cannot tell whether it was registered: this process-wide record does. Raises what
+    onnxruntime raises when the library does not load."""
+    import onnxruntime as ort
+
+    key = (provider, str(library))
+    if key in _REGISTERED_LIBRARIES:
+        return
+    ort.register_execution_provider_library(provider, str(library))
+    _REGISTERED_LIBRARIES.add(key)
+
+
 def _accept(obj: Any) -> bool:
     return isinstance(obj, ExecutionProvider)
 

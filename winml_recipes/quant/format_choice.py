@@ -1,0 +1,174 @@
+"""`mode: auto` (CPU EPs): static QDQ, unless it misses the task on held-out samples.
+
+The static model (calibrated ranges, the mode a CPU EP runs fastest) is scored on held-out
+samples on the target's EP against the float model by the catalog task's metric, at that
+metric's default gates (what verify holds it to unless the recipe says otherwise). Where it
+holds them it is kept and nothing else runs. Where it does not, onnxruntime's dynamic
+quantization is tried, which measures each activation's range on every run instead of
+fixing one from calibration:
+
+1. every op type onnxruntime quantizes dynamically (MatMulInteger, ConvInteger, ...);
+2. MatMul and Gemm only, convolutions float: what PyTorch's dynamic quantization
+   (`torch.ao.quantization.quantize_dynamic`, nn.Linear) does for speech and text
+   transformers. Kept only where it quantizes at least MIN_QUANTIZED_FRACTION of the
+   MatMul/Conv nodes, so a convolutional network cannot pass as float under an int8 label.
+
+The first candidate that holds every default gate is kept; where none does, the static
+model is (verify then fails naming the layer where its error starts, which only a QDQ
+model can show). Measured on tiny random-weight models at cpu/int8 (docs/families.md):
+static misses its gate on EfficientNet (top-1 0.625), MobileViT segmentation (pixels 0.896)
+and wav2vec2 CTC (sequences 0 of 4); dynamic holds them (1.0; 0.959; 4 of 4 with MatMul
+only). Without a task metric there is nothing to judge by: static is kept.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from winml_recipes.quant.config import QuantConfig
+from winml_recipes.sdk.metrics import TaskMetric
+
+# the share of MatMul/Conv/Gemm nodes a dynamic candidate must quantize (by count)
+MIN_QUANTIZED_FRACTION = 0.5
+STATIC = "static"
+DYNAMIC_ALL = "dynamic"
+DYNAMIC_MATMUL = "dynamic-matmul"
+DYNAMIC_CANDIDATES: dict[str, tuple[str, ...]] = {
+    DYNAMIC_ALL: (),  # every op type onnxruntime quantizes dynamically
+    DYNAMIC_MATMUL: ("MatMul", "Gemm"),
+}
+
+
+def failed_gates(metric: TaskMetric, values: dict[str, float]) -> list[str]:
+    """The metric's default gates `values` misses, as 'name value (gate >= t)'."""
+    missed = []
+    for name, gate in metric.gates.items():
+        if name not in values:
+            continue
+        value = values[name]
+        holds = value >= gate.threshold if gate.higher_is_better else value <= gate.threshold
+        if not holds:
+            sign = ">=" if gate.higher_is_better else "<="
+            missed.append(f"{name} {value:.4g} (gate {sign} {gate.threshold:g})")
+    return missed
+
+
+def dynamic_config(cfg: QuantConfig, op_types: tuple[str, ...]) -> QuantConfig:
+    """`cfg` as onnxruntime's dynamic quantization runs it: run-time uint8 activations,
+    the precision's weight type, no calibration."""
+    return replace(
+        cfg, mode="dynamic", format="qoperator", activation_type="uint8", ep_rules=False,
+        calibration=None, regions=(), auto=None, algorithms=(), algorithms_auto=None,
+        op_types=op_types or cfg.op_types,
+    )  # fmt: skip
+
+
+def choose_format(
+    float_src: Path,
+    out: Path,
+    work: Path,
+    quantize_static: Callable[[Path], dict[str, Any]],
+    quantize_dynamic: Callable[[Path, QuantConfig], dict[str, Any]],
+    held_out: Sequence[dict],
+    metric: TaskMetric | None,
+    cfg: QuantConfig,
+    device: str,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Quantize into `out` with the first candidate that holds `metric`'s default gates on
+    `held_out`; returns (the kept candidate's metrics, the record). `quantize_static(dest)`
+    and `quantize_dynamic(dest, cfg)` write a candidate and return its step metrics."""
+    from winml_recipes.runtime.sessions import run_model
+    from winml_recipes.runtime.target import run_on_target
+
+    started = time.perf_counter()
+    static_dest = work / "format-static" / "model.onnx"
+    static_dest.parent.mkdir(parents=True, exist_ok=True)
+    kept_metrics = quantize_static(static_dest)
+    record: dict[str, Any] = {"kept": STATIC, "tried": []}
+    if metric is None:
+        _move(static_dest, out)
+        record["why"] = "no task metric for this component: static QDQ kept unscored"
+        return kept_metrics, record
+    reference = run_model(float_src, held_out)
+    planned = 1 + len(DYNAMIC_CANDIDATES)
+
+    def score(name: str, dest: Path, metrics: dict[str, Any]) -> list[str]:
+        op_types = DYNAMIC_CANDIDATES.get(name) or cfg.op_types
+        t0 = time.perf_counter()
+        outputs = run_on_target(dest, held_out, device, ep=cfg.ep).outputs
+        values = metric.values(reference, outputs)
+        missed = failed_gates(metric, values)
+        record["tried"].append({
+            "candidate": name,
+            "activation_type": metrics.get("activation_type"),
+            "op_types": list(op_types) or "all",
+            "matmul_conv_quantized_fraction": metrics.get("matmul_conv_quantized_fraction"),
+            "task_metric": {k: round(v, 4) for k, v in values.items()},
+            "missed": missed,
+            "seconds": round(time.perf_counter() - t0, 2),
+        })  # fmt: skip
+        return missed
+
+    if progress:
+        progress("format candidates", 1, planned)
+    missed = score(STATIC, static_dest, kept_metrics)
+    if not missed:
+        _move(static_dest, out)
+        record["why"] = f"static QDQ holds {metric.name}'s gates on held-out samples"
+        return kept_metrics, _timed(record, started, len(held_out))
+    for i, (name, op_types) in enumerate(DYNAMIC_CANDIDATES.items(), start=2):
+        if progress:
+            progress("format candidates", i, planned)
+        dest = work / f"format-{name}" / "model.onnx"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            metrics = quantize_dynamic(dest, dynamic_config(cfg, op_types))
+        except Exception as exc:  # onnxruntime's quantizer on a graph it cannot take
+            record["tried"].append({"candidate": name, "error": _summary(exc)})
+            continue
+        fraction = metrics.get("matmul_conv_quantized_fraction", 0.0)
+        if fraction < MIN_QUANTIZED_FRACTION:
+            record["tried"].append({
+                "candidate": name, "matmul_conv_quantized_fraction": fraction,
+                "skipped": f"quantizes {fraction:.0%} of the MatMul/Conv nodes (needs "
+                           f"{MIN_QUANTIZED_FRACTION:.0%})",
+            })  # fmt: skip
+            continue
+        if not score(name, dest, metrics):
+            _move(dest, out)
+            record["kept"] = name
+            record["why"] = (
+                f"static QDQ misses {metric.name}'s gates on held-out samples "
+                f"({'; '.join(missed)}); {name} holds them"
+            )
+            return metrics, _timed(record, started, len(held_out))
+    _move(static_dest, out)
+    record["why"] = (
+        f"static QDQ misses {metric.name}'s gates on held-out samples ({'; '.join(missed)}) "
+        "and no dynamic candidate holds them: static kept (verify names where its error starts)"
+    )
+    return kept_metrics, _timed(record, started, len(held_out))
+
+
+def _timed(record: dict[str, Any], started: float, samples: int) -> dict[str, Any]:
+    return record | {"samples": samples, "seconds": round(time.perf_counter() - started, 2)}
+
+
+def _move(src: Path, out: Path) -> None:
+    """The kept candidate (and its external-data sidecars) to `out`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, out)
+    for sidecar in src.parent.glob(src.name + "*data"):
+        shutil.copyfile(sidecar, out.parent / sidecar.name)
+
+
+def _summary(exc: Exception) -> str:
+    """An exception's message on one line (its last line: where tracebacks put it)."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    return f"{type(exc).__name__}: {lines[-1][:200]}"
