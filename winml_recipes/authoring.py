@@ -403,8 +403,10 @@ def _steps_with_data(
             if held_out is not None and options.get("algorithms") == "auto":
                 # `algorithms: auto` scores its candidates on the held-out data too
                 options["algorithms"] = _data_option(held_out)
-            if held_out is not None and options.get("mode") == "auto":
-                options["held_out"] = _data_option(held_out)  # so does `mode: auto`
+        if name == "quantize" and held_out is not None and options.get("mode") == "auto":
+            # so does `mode: auto`, unless that data may hold calibration samples
+            if not allow_overlap:
+                options = {**options, "held_out": _data_option(held_out)}
         elif name == "verify" and held_out is not None:
             options = {**options, **_data_option(held_out)}
             if allow_overlap:

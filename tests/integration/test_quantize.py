@@ -337,6 +337,28 @@ PLAN_CONTRADICTIONS = [
         id="calibration-in-dynamic-mode",
     ),
     pytest.param(
+        "npu",
+        "w8a16",
+        "  - quantize: {mode: auto}\n",
+        "quantize: mode auto may choose dynamic quantization, which only the CPU EP runs here "
+        "(npu builds for qnn-htp); use mode: static",
+        id="mode-auto-off-the-cpu",
+    ),
+    pytest.param(
+        "cpu",
+        "int8",
+        "  - quantize: {held_out: {npz: 'h*.npz'}}\n",
+        "quantize: held_out is the data mode auto scores on; set mode: auto or remove held_out",
+        id="held-out-without-mode-auto",
+    ),
+    pytest.param(
+        "cpu",
+        "int8",
+        "  - quantize: {mode: auto, held_out: {npz: 'h*.npz', images: photos}}\n",
+        "quantize.held_out: npz and images are two data sources; keep one of them",
+        id="held-out-two-sources",
+    ),
+    pytest.param(
         "cpu",
         "uint8",
         "  - quantize: {calibration: {percentile: 99.9}}\n",
@@ -369,6 +391,18 @@ def test_contradiction_is_a_plan_error(isolated, device, precision, steps, messa
     )
     assert got.startswith(f"{recipe}:"), got  # FILE:LINE of the offending step
     assert got.split(": ", 1)[1] == message
+
+
+def test_mode_auto_held_out_data_is_checked_when_planning(isolated) -> None:
+    """A held-out glob that matches nothing stops the build when planning, before any
+    calibration runs, naming the option and the glob."""
+    recipe = isolated.recipe(
+        "mlp", "steps:\n  - quantize: {mode: auto, held_out: {npz: 'h*.npz'}}\n"
+    )
+    got = assert_plan_error_wrote_nothing(
+        isolated, recipe, "--device", "cpu", "--precision", "int8"
+    )
+    assert got.startswith(f"{recipe}:") and "quantize.held_out: no file matches 'h*.npz'" in got
 
 
 def test_quantize_on_quantized_source_needs_dequantize(isolated) -> None:

@@ -60,6 +60,7 @@ class QuantizePass(Pass[QuantizeOptions]):
     def check(self, config: QuantizeOptions, ctx: PlanContext) -> None:
         cfg = resolve(config, ctx.target)
         cal = cfg.calibration
+        _check_data(cfg.held_out or {}, ctx, "quantize.held_out")
         if cal is not None and cal.inputs_from:
             check_component(cal.inputs_from, ctx, "quantize.calibration.inputs_from")
         if cal is not None and cal.npz:
@@ -79,20 +80,22 @@ class QuantizePass(Pass[QuantizeOptions]):
 
     def data_reads(self, config: QuantizeOptions) -> list[DataRead]:
         cal = config.calibration
-        if cal is None or config.mode == "dynamic":
-            return []
-        source = {k: getattr(cal, k) for k in HELD_OUT_KEYS if getattr(cal, k)}
-        reads = [DataRead("calibration", source, 0, cal.samples)] if source else []
-        auto = config.mixed_precision
-        if isinstance(auto, MixedAuto):
-            own = {k: getattr(auto.auto, k) for k in HELD_OUT_KEYS if getattr(auto.auto, k)}
-            if own:
-                reads.append(DataRead("held_out", own, auto.auto.skip, auto.auto.samples))
+        reads: list[DataRead] = []
         if config.mode == "auto" and config.held_out is not None:
             own = {k: getattr(config.held_out, k) for k in HELD_OUT_KEYS}
             own = {k: v for k, v in own.items() if v}
             if own:
                 reads.append(DataRead("held_out", own, 0, FORMAT_CHOICE_SAMPLES))
+        if cal is None or config.mode == "dynamic":
+            return reads
+        source = {k: getattr(cal, k) for k in HELD_OUT_KEYS if getattr(cal, k)}
+        if source:
+            reads.insert(0, DataRead("calibration", source, 0, cal.samples))
+        auto = config.mixed_precision
+        if isinstance(auto, MixedAuto):
+            own = {k: getattr(auto.auto, k) for k in HELD_OUT_KEYS if getattr(auto.auto, k)}
+            if own:
+                reads.append(DataRead("held_out", own, auto.auto.skip, auto.auto.samples))
         algos = config.algorithms
         if isinstance(algos, AlgorithmsAuto):
             own = {k: getattr(algos, k) for k in HELD_OUT_KEYS if getattr(algos, k)}
@@ -125,6 +128,10 @@ class QuantizePass(Pass[QuantizeOptions]):
             or config.algorithms == "auto"
             or config.mode == "auto"
         )
+        if config.mode == "auto":  # what it scores on and by decides the model
+            held_out = vars(config.held_out) if config.held_out is not None else None
+            data["held_out"] = upstream_data_digest(held_out, ctx.upstream, ctx.recipe_dir)
+            data["task"] = ctx.task
         if not (scored or isinstance(config.algorithms, AlgorithmsAuto)):
             return {"data": data, "preset": preset}
         # Automatic mixed precision scores candidates on the target's EP where it loads.
@@ -200,6 +207,20 @@ class QuantizePass(Pass[QuantizeOptions]):
         return _static(src, out, cfg, exclude, ctx)
 
 
+def _check_data(source: Mapping[str, Any], ctx: PlanContext, where: str) -> None:
+    """An npz / images / dataset data source exists and fits the model (at plan time)."""
+    from winml_recipes.services import samples
+
+    if source.get("npz"):
+        files = samples.npz_files(source["npz"], ctx.recipe_dir, where)
+        samples.check_npz(files, ctx.contract, where)
+        samples.check_npz_values(files, ctx.contract, where)
+    if source.get("images"):
+        samples.image_files(source["images"], ctx.recipe_dir)
+    if source.get("dataset"):
+        samples.check_split(samples.open_split(source["dataset"], ctx.recipe_dir), ctx.contract)
+
+
 def _excluded(model, cfg: QuantConfig) -> list[str]:
     from winml_recipes.quant.mixed import match_nodes
 
@@ -251,7 +272,10 @@ def _static_or_dynamic(
                 ),
                 FORMAT_CHOICE_SAMPLES,
             )  # fmt: skip
-        except PlanError as exc:  # the calibration files hold no more than calibration's
+        except PlanError as exc:
+            if own:  # the recipe's own held-out data: its error is the user's to see
+                raise
+            # the calibration files hold no more samples than calibration reads
             unscored = f"no held-out samples to score on ({exc.message}); set quantize.held_out"
             metric = None
     kept, record = choose_format(

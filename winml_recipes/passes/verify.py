@@ -558,6 +558,11 @@ def _error_source(src: Path, feeds: list[dict[str, Any]], ctx: StepContext) -> d
     assert ctx.reference is not None
     if sum(p.stat().st_size for p in src.parent.glob(src.name + "*")) > SOURCE_MAX_BYTES:
         return {"found": False, "why": "the model is too large to tap every activation"}
+    from winml_recipes.quant.divergence import activation_taps
+    from winml_recipes.services.models import load_model
+
+    if not activation_taps(load_model(src, load_external_data=False)):
+        return {"found": False, "why": "no QuantizeLinear activations to tap (a dynamic model)"}
     try:
         row = first_loss_in_simulation(
             src, ctx.reference, feeds[:LOCATE_SAMPLES], Path(ctx.work_dir) / "error-source"

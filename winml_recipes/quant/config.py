@@ -227,10 +227,10 @@ def resolve(options: QuantizeOptions, target: Target) -> QuantConfig:
     rules = ep.quant_rules
     o = options
     mode = o.mode
-    if mode == "auto" and rules is not None and rules.requires_static_qdq:
+    if mode == "auto" and not ep.is_cpu:
         raise PlanError(
-            f"quantize: mode auto may choose dynamic quantization, which {target.device} "
-            f"cannot run ({ep.key} runs static QDQ models); use mode: static"
+            f"quantize: mode auto may choose dynamic quantization, which only the CPU EP runs "
+            f"here ({target.device} builds for {ep.key}); use mode: static"
         )
     calibrated = mode in ("static", "auto")  # auto quantizes statically first
     fmt = _given(o.format, device.get("format", "qdq"))
@@ -305,6 +305,11 @@ def resolve(options: QuantizeOptions, target: Target) -> QuantConfig:
     if o.held_out is not None and mode != "auto":
         raise PlanError(
             "quantize: held_out is the data mode auto scores on; set mode: auto or remove held_out"
+        )
+    held = [k for k, v in asdict(o.held_out).items() if v] if o.held_out is not None else []
+    if len(held) > 1:
+        raise PlanError(
+            f"quantize.held_out: {' and '.join(held)} are two data sources; keep one of them"
         )
     cfg = QuantConfig(
         mode=mode,

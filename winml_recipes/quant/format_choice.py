@@ -60,12 +60,25 @@ def failed_gates(metric: TaskMetric, values: dict[str, float]) -> list[str]:
 
 def dynamic_config(cfg: QuantConfig, op_types: tuple[str, ...]) -> QuantConfig:
     """`cfg` as onnxruntime's dynamic quantization runs it: run-time uint8 activations,
-    the precision's weight type, no calibration."""
+    the precision's weight type, no calibration; `op_types` within the recipe's own."""
+    if op_types and cfg.op_types:
+        op_types = tuple(t for t in op_types if t in cfg.op_types)
     return replace(
         cfg, mode="dynamic", format="qoperator", activation_type="uint8", ep_rules=False,
         calibration=None, regions=(), auto=None, algorithms=(), algorithms_auto=None,
         op_types=op_types or cfg.op_types,
     )  # fmt: skip
+
+
+def why_no_dynamic(cfg: QuantConfig) -> str | None:
+    """Why dynamic candidates would not be what the recipe asked for (None: they are)."""
+    if cfg.activation_type.endswith("16"):
+        return f"{cfg.activation_type} activations asked for; dynamic quantization runs uint8"
+    if cfg.regions or cfg.auto:
+        return "the recipe sets mixed_precision, which dynamic quantization cannot keep"
+    if cfg.algorithms or cfg.algorithms_auto:
+        return "the recipe sets algorithms, which need calibrated (static) ranges"
+    return None
 
 
 def choose_format(
@@ -122,6 +135,14 @@ def choose_format(
         _move(static_dest, out)
         record["why"] = f"static QDQ holds {metric.name}'s gates on held-out samples"
         return kept_metrics, _timed(record, started, len(held_out))
+    refused = why_no_dynamic(cfg)
+    if refused is not None:
+        _move(static_dest, out)
+        record["why"] = (
+            f"static QDQ misses {metric.name}'s gates on held-out samples ({'; '.join(missed)}); "
+            f"dynamic candidates not tried: {refused}"
+        )
+        return kept_metrics, _timed(record, started, len(held_out))
     for i, (name, op_types) in enumerate(DYNAMIC_CANDIDATES.items(), start=2):
         if progress:
             progress("format candidates", i, planned)
@@ -140,7 +161,12 @@ def choose_format(
                            f"{MIN_QUANTIZED_FRACTION:.0%})",
             })  # fmt: skip
             continue
-        if not score(name, dest, metrics):
+        try:
+            missed_here = score(name, dest, metrics)
+        except Exception as exc:  # a dynamic graph the CPU EP cannot load or run
+            record["tried"].append({"candidate": name, "error": _summary(exc)})
+            continue
+        if not missed_here:
             _move(dest, out)
             record["kept"] = name
             record["why"] = (

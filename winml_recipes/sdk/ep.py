@@ -286,7 +286,11 @@ def register_library_once(provider: str, library: str) -> None:
     key = (provider, str(library))
     if key in _REGISTERED_LIBRARIES:
         return
-    ort.register_execution_provider_library(provider, str(library))
+    try:
+        ort.register_execution_provider_library(provider, str(library))
+    except Exception as exc:  # registered by other code in this process: that is done
+        if "already registered" not in str(exc):
+            raise
     _REGISTERED_LIBRARIES.add(key)
 
 
