@@ -114,6 +114,12 @@ def _verify_section(build: BuildFolder) -> Markup:
                 where, m.get("data_source", "?"), m.get("samples", "?"), _verdict(_passed(m)),
             )
         )  # fmt: skip
+        choice = (_step(record, "quantize") or {}).get("metrics", {}).get("format_choice") or {}
+        if choice.get("kept") not in (None, "static"):
+            parts.append(
+                _h('<p class="quantized">quantized <b>{}</b>: {}</p>', choice["kept"],
+                   choice.get("why", ""))
+            )  # fmt: skip
         task = m.get("task_metric")
         if task:
             values = _join(

@@ -75,6 +75,21 @@ def test_speech_ctc_at_cpu_int8_is_quantized_dynamically_where_static_misses(
     assert sum(w == g for w, g in zip(want, got, strict=True)) >= 3, (want, got)
     values = steps["verify"]["metrics"]["task_metric"]["values"]
     assert values["sequence_agreement"] >= 0.75 and values["character_agreement"] >= 0.9
+    # the report a person opens says how the model was quantized and why
+    said = _report_text(tmp_path / "out" / "ctc" / "cpu-int8" / "report.html", tmp_path)
+    assert f"quantized {choice['kept']}: static QDQ misses ctc-sequence-agreement" in said
+
+
+def _report_text(page: Path, tmp_path: Path) -> str:
+    from tests.chromium import Chromium
+
+    browser = Chromium(tmp_path / "profile")
+    try:
+        browser.open_page()
+        browser.navigate(page.as_uri())
+        return " ".join(str(browser.evaluate("document.body.innerText")).split())
+    finally:
+        browser.close()
 
 
 def _torch_transcripts(folder: Path, feeds: list[dict]) -> list[list[int]]:

@@ -97,11 +97,15 @@ def quantize_static_qdq(
 
     args = rules.quantizer_args(src, cfg, overrides, exclude) if rules is not None else None
     if args is None:
+        tensor_overrides = fixed_overrides(src, overrides, cfg) if overrides else None
+        if cfg.per_channel:
+            per_tensor = {t: [{"symmetric": cfg.weight_symmetric}] for t in batched_weights(src)}
+            tensor_overrides = {**per_tensor, **(tensor_overrides or {})} or None
         args = static_args(
             cfg,
             QuantFormat.QDQ if cfg.format == "qdq" else QuantFormat.QOperator,
             list(cfg.op_types) or None,
-            fixed_overrides(src, overrides, cfg) if overrides else None,
+            tensor_overrides,
             exclude,
         )
     with quiet_ort_logging(), _no_endless_sharing(), _unique_copies():
@@ -253,6 +257,23 @@ def quantize_dynamic_integer(src: Path, out: Path, cfg: QuantConfig, exclude: li
             extra_options={"WeightSymmetric": cfg.weight_symmetric},
         )
     adopt_sidecars(out)
+
+
+def batched_weights(src: Path) -> list[str]:
+    """Constant MatMul operands of rank 3 or more (a batch of matrices: SAM v1's relative
+    position tables, [4, 16, 4]). Per channel, onnxruntime's quantizer gives them one scale
+    per index of axis 1 (the reduction axis), and the CPU EP's QLinearMatMul, which its
+    default optimization level fuses the QDQ MatMul into, refuses any 1-D per-axis zero point
+    on such an operand at run time ("weight zero point must be a scalar, 1D tensor of size 1,
+    or last to second dimension is 1"), whatever the axis: they are quantized per tensor."""
+    from winml_recipes.onnx.io import load_model
+
+    graph = load_model(src, load_external_data=False).graph
+    ranks = {i.name: len(i.dims) for i in graph.initializer}
+    return sorted({
+        name for n in graph.node if n.op_type == "MatMul"
+        for name in n.input if ranks.get(name, 0) >= 3
+    })  # fmt: skip
 
 
 def _without_initializer_shapes(src: Path) -> str | onnx.ModelProto:
