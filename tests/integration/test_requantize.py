@@ -60,8 +60,10 @@ def test_sources_are_detected_as_quantized_once(int8_project) -> None:
 def test_without_dequantize_a_quantized_source_is_refused_for_another_precision(
     int8_project, tmp_path
 ) -> None:
-    """The preset steps would skip normalize and quantize and ship the int8 source as
-    `cpu-int8` (static s8/s8 QDQ): a label that is not what was built. Refused instead."""
+    """The preset steps would skip normalize and quantize and ship the int8 source (u8
+    activations at run time, s8 weights) as `cpu-int8` (s8/s8 QDQ, or this build's own choice
+    of dynamic quantization where static misses the task): a label that is not what was
+    built. Refused instead."""
     recipe = tmp_path / "recipes" / "r.yaml"
     recipe.parent.mkdir()
     shutil.copytree(int8_project / "catalog", tmp_path / "catalog")
