@@ -484,14 +484,20 @@ def outputs_for(
     store: Path | None,
     keep: bool = True,
     on_sample: Callable[[int], None] | None = None,
+    counts: dict[str, int] | None = None,
 ) -> list[dict[str, np.ndarray]]:
-    """A float model's outputs for each feed, read from the store (and written, if `keep`)."""
+    """A float model's outputs for each feed, read from the store (and written, if `keep`);
+    `counts` (when given) gets how many were `computed` and how many `reused`."""
     outputs = ModelOutputs(model, digest, store, keep)
     out = []
     for i, feed in enumerate(feeds):
         if on_sample is not None:
             on_sample(i)
-        out.append(outputs(feed)[0])
+        values, computed = outputs(feed)
+        out.append(values)
+        if counts is not None:
+            key = "computed" if computed else "reused"
+            counts[key] = counts.get(key, 0) + 1
     if on_sample is not None:
         on_sample(len(feeds))
     return out

@@ -75,6 +75,10 @@ def test_speech_ctc_at_cpu_int8_is_quantized_dynamically_where_static_misses(
     assert sum(w == g for w, g in zip(want, got, strict=True)) >= 3, (want, got)
     values = steps["verify"]["metrics"]["task_metric"]["values"]
     assert values["sequence_agreement"] >= 0.75 and values["character_agreement"] >= 0.9
+    # the float model ran once on the held-out sentences: verify read quantize's outputs
+    assert choice["samples"] == values["utterances"]  # the same bundled held-out sentences
+    forwards = steps["verify"]["metrics"]["reference_forwards"]
+    assert forwards == {"computed": 0, "reused": values["utterances"]}
     # the report a person opens says how the model was quantized and why
     said = _report_text(tmp_path / "out" / "ctc" / "cpu-int8" / "report.html", tmp_path)
     assert f"quantized {choice['kept']}: static QDQ misses ctc-sequence-agreement" in said

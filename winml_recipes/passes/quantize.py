@@ -251,7 +251,7 @@ def _static_or_dynamic(
     held-out samples (quant/format_choice.py)."""
     from winml_recipes.quant.format_choice import choose_format
     from winml_recipes.sdk.metrics import metric_for
-    from winml_recipes.services.samples import feeds_for, take
+    from winml_recipes.services.samples import feeds_for, outputs_for, take
 
     static_cfg = replace(cfg, mode="static")
     cal = static_cfg.calibration
@@ -278,13 +278,19 @@ def _static_or_dynamic(
             # the calibration files hold no more samples than calibration reads
             unscored = f"no held-out samples to score on ({exc.message}); set quantize.held_out"
             metric = None
+
+    def reference() -> list:
+        # kept in the store by content: verify reads the same float outputs for the same
+        # inputs (the bundled held-out sets, --eval-data) instead of running the model again
+        return outputs_for(src, ctx.input_digest, held_out, ctx.store, keep=True)
+
     kept, record = choose_format(
-        src,
         out,
         ctx.work_dir,
         lambda dest: _static(src, dest, static_cfg, exclude, ctx).metrics,
         lambda dest, dyn: _dynamic(src, dest, dyn, exclude).metrics,
         held_out,
+        reference,
         metric,
         cfg,
         ctx.target.device,

@@ -331,6 +331,7 @@ class VerifyPass(Pass[VerifyConfig]):
         feeds = feeds[:wanted]
         # An upstream component's reference outputs are kept for its downstream's verify.
         samples = len(feeds)
+        forwards: dict[str, int] = {}
         reference = outputs_for(
             ctx.reference,
             ctx.reference_digest,
@@ -338,6 +339,7 @@ class VerifyPass(Pass[VerifyConfig]):
             ctx.store,
             keep=ctx.feeds_downstream,
             on_sample=lambda done: ctx.progress("reference samples", done, samples),
+            counts=forwards,
         )
         options = {
             "allow_cpu_fallback": config.allow_cpu_fallback,
@@ -368,6 +370,9 @@ class VerifyPass(Pass[VerifyConfig]):
                 )
         if isinstance(factory, UpstreamFeeds):
             record["upstream_forwards"] = {"computed": factory.computed, "reused": factory.reused}
+        # float model forwards on these samples: kept ones (quantize's mode auto, an upstream
+        # component's verify) are read, not run again
+        record["reference_forwards"] = {"computed": 0, "reused": 0} | forwards
         task = _task_metric(ctx, config, reference, target.outputs)
         if config.compare_simulation and target.verified_on not in ("cpu", "cpu-simulation"):
             sim_runs = run_model(src, feeds)

@@ -82,12 +82,12 @@ def why_no_dynamic(cfg: QuantConfig) -> str | None:
 
 
 def choose_format(
-    float_src: Path,
     out: Path,
     work: Path,
     quantize_static: Callable[[Path], dict[str, Any]],
     quantize_dynamic: Callable[[Path, QuantConfig], dict[str, Any]],
     held_out: Sequence[dict],
+    reference: Callable[[], list[dict]],
     metric: TaskMetric | None,
     cfg: QuantConfig,
     device: str,
@@ -95,8 +95,8 @@ def choose_format(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Quantize into `out` with the first candidate that holds `metric`'s default gates on
     `held_out`; returns (the kept candidate's metrics, the record). `quantize_static(dest)`
-    and `quantize_dynamic(dest, cfg)` write a candidate and return its step metrics."""
-    from winml_recipes.runtime.sessions import run_model
+    and `quantize_dynamic(dest, cfg)` write a candidate and return its step metrics;
+    `reference()` gives the float model's outputs for `held_out`."""
     from winml_recipes.runtime.target import run_on_target
 
     started = time.perf_counter()
@@ -108,14 +108,14 @@ def choose_format(
         _move(static_dest, out)
         record["why"] = "no task metric for this component: static QDQ kept unscored"
         return kept_metrics, record
-    reference = run_model(float_src, held_out)
+    float_outputs = reference()
     planned = 1 + len(DYNAMIC_CANDIDATES)
 
     def score(name: str, dest: Path, metrics: dict[str, Any]) -> list[str]:
         op_types = DYNAMIC_CANDIDATES.get(name) or cfg.op_types
         t0 = time.perf_counter()
         outputs = run_on_target(dest, held_out, device, ep=cfg.ep).outputs
-        values = metric.values(reference, outputs)
+        values = metric.values(float_outputs, outputs)
         missed = failed_gates(metric, values)
         record["tried"].append({
             "candidate": name,
