@@ -98,7 +98,7 @@ def quantize_static_qdq(
     args = rules.quantizer_args(src, cfg, overrides, exclude) if rules is not None else None
     if args is None:
         tensor_overrides = fixed_overrides(src, overrides, cfg) if overrides else None
-        if cfg.per_channel:
+        if cfg.per_channel and cfg.format == "qdq":  # QOperator asks per channel of B
             per_tensor = {t: [{"symmetric": cfg.weight_symmetric}] for t in batched_weights(src)}
             tensor_overrides = {**per_tensor, **(tensor_overrides or {})} or None
         args = static_args(
@@ -270,10 +270,12 @@ def batched_weights(src: Path) -> list[str]:
 
     graph = load_model(src, load_external_data=False).graph
     ranks = {i.name: len(i.dims) for i in graph.initializer}
-    return sorted({
-        name for n in graph.node if n.op_type == "MatMul"
-        for name in n.input if ranks.get(name, 0) >= 3
-    })  # fmt: skip
+    readers: dict[str, set[str]] = {}
+    for n in graph.node:
+        for name in n.input:
+            readers.setdefault(name, set()).add(n.op_type)
+    # only MatMul reads them: a constant another op reads too stays as onnxruntime types it
+    return sorted(t for t, ops in readers.items() if ranks.get(t, 0) >= 3 and ops == {"MatMul"})
 
 
 def _without_initializer_shapes(src: Path) -> str | onnx.ModelProto:
