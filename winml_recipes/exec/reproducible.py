@@ -51,7 +51,7 @@ def _without_unreproduced_digests(value: Any) -> Any:
     return value
 
 
-RUN_METRICS = ("upstream_forwards",)  # computed vs reused from the store: the cache's state
+RUN_METRICS = ("upstream_forwards", "reference_forwards")  # computed vs reused: the cache's state
 
 
 def _without_times(value: Any) -> Any:
