@@ -27,6 +27,17 @@ def _steps(folder: Path) -> dict[str, dict]:
     return {s["pass"]: s for s in manifest["components"]["model"]["steps"]}
 
 
+def _init_and_build_cpu_int8(folder: Path, name: str, root: Path) -> tuple[dict, str]:
+    """`init FOLDER --name NAME` then `build` at cpu/int8 in `root`: the steps' records and
+    the console's output (the build must pass)."""
+    done = cli("init", folder, "--name", name)
+    assert done.exit_code == 0, done.stderr
+    recipe = f"recipes/{name}.yaml"
+    done = cli("build", recipe, "--device", "cpu", "--precision", "int8", "-o", "out")
+    assert done.exit_code == 0, done.stderr[-1500:]
+    return _steps(root / "out" / name / "cpu-int8"), done.stdout
+
+
 def _bundled_heldout_speech(samples: int) -> list[dict]:
     """The bundled held-out sentences as Wav2Vec2FeatureExtractor makes them (2 s windows),
     computed here, not read from the build."""
@@ -49,11 +60,8 @@ def test_speech_ctc_at_cpu_int8_is_quantized_dynamically_where_static_misses(
     tmp_path: Path, monkeypatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    done = cli("init", saved("wav2vec2-ctc", tmp_path / "models"), "--name", "ctc")
-    assert done.exit_code == 0, done.stderr
-    done = cli("build", "recipes/ctc.yaml", "--device", "cpu", "--precision", "int8", "-o", "out")
-    assert done.exit_code == 0, done.stderr[-1500:]
-    steps = _steps(tmp_path / "out" / "ctc" / "cpu-int8")
+    folder = saved("wav2vec2-ctc", tmp_path / "models")
+    steps, said = _init_and_build_cpu_int8(folder, "ctc", tmp_path)
     choice = steps["quantize"]["metrics"]["format_choice"]
     static = choice["tried"][0]
     assert static["candidate"] == "static" and static["missed"], choice
@@ -61,7 +69,7 @@ def test_speech_ctc_at_cpu_int8_is_quantized_dynamically_where_static_misses(
     assert steps["quantize"]["metrics"]["mode"] == "dynamic"
     kept = next(t for t in choice["tried"] if t["candidate"] == choice["kept"])
     assert kept["missed"] == [] and kept["matmul_conv_quantized_fraction"] >= 0.5
-    assert "quantized dynamic" in done.stdout  # the console says what was chosen and why
+    assert "quantized dynamic" in said  # the console says what was chosen and why
 
     # the shipped model is integer-quantized and transcribes the held-out sentences as the
     # torch model does, judged here outside the build
@@ -80,8 +88,8 @@ def test_speech_ctc_at_cpu_int8_is_quantized_dynamically_where_static_misses(
     forwards = steps["verify"]["metrics"]["reference_forwards"]
     assert forwards == {"computed": 0, "reused": values["utterances"]}
     # the report a person opens says how the model was quantized and why
-    said = _report_text(tmp_path / "out" / "ctc" / "cpu-int8" / "report.html", tmp_path)
-    assert f"quantized {choice['kept']}: static QDQ misses ctc-sequence-agreement" in said
+    shown = _report_text(tmp_path / "out" / "ctc" / "cpu-int8" / "report.html", tmp_path)
+    assert f"quantized {choice['kept']}: static QDQ misses ctc-sequence-agreement" in shown
 
 
 def _report_text(page: Path, tmp_path: Path) -> str:
@@ -149,11 +157,8 @@ def test_efficientnet_at_cpu_int8_holds_top1_where_static_qdq_did_not(
     from tests.image_classifiers import saved as saved_classifier
 
     monkeypatch.chdir(tmp_path)
-    done = cli("init", saved_classifier("efficientnet", tmp_path / "models"), "--name", "eff")
-    assert done.exit_code == 0, done.stderr
-    done = cli("build", "recipes/eff.yaml", "--device", "cpu", "--precision", "int8", "-o", "out")
-    assert done.exit_code == 0, done.stderr[-1500:]
-    steps = _steps(tmp_path / "out" / "eff" / "cpu-int8")
+    folder = saved_classifier("efficientnet", tmp_path / "models")
+    steps, _ = _init_and_build_cpu_int8(folder, "eff", tmp_path)
     choice = steps["quantize"]["metrics"]["format_choice"]
     assert choice["tried"][0]["missed"] and choice["kept"] == "dynamic"
     assert steps["quantize"]["metrics"]["matmul_conv_quantized_fraction"] == 1.0
