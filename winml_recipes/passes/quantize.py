@@ -244,6 +244,19 @@ def _dynamic(src: Path, out: Path, cfg: QuantConfig, exclude: list[str]) -> Step
 FORMAT_CHOICE_SAMPLES = 8
 
 
+def _held_out_feeds(ctx: StepContext, source: dict[str, Any], seed: int, samples: int,
+                    skip: int):  # fmt: skip
+    """The held-out samples the automatic choices score on: `source` (a held-out option's
+    own data, else calibration's) with the held-out seed; `skip` leaves out calibration's
+    samples when they come from the calibration files."""
+    from winml_recipes.services.samples import feeds_for
+
+    return feeds_for(
+        source, ctx.contract, ctx.recipe_dir, ctx.upstream, samples,
+        seed + HELD_OUT_SEED_OFFSET, ctx.store, for_calibration=True, skip=skip, held_out=True,
+    )  # fmt: skip
+
+
 def _static_or_dynamic(
     src: Path, out: Path, cfg: QuantConfig, exclude: list[str], ctx: StepContext
 ) -> StepResult:
@@ -251,7 +264,7 @@ def _static_or_dynamic(
     held-out samples (quant/format_choice.py)."""
     from winml_recipes.quant.format_choice import choose_format
     from winml_recipes.sdk.metrics import metric_for
-    from winml_recipes.services.samples import feeds_for, outputs_for, take
+    from winml_recipes.services.samples import outputs_for, take
 
     static_cfg = replace(cfg, mode="static")
     cal = static_cfg.calibration
@@ -262,14 +275,11 @@ def _static_or_dynamic(
     unscored = None
     own = cfg.held_out or {}
     if metric is not None:
+        skip = held_out_skip(bool(own), cal_options, cal.samples)
         try:
             held_out = take(
-                feeds_for(
-                    own or cal_options, ctx.contract, ctx.recipe_dir, ctx.upstream,
-                    FORMAT_CHOICE_SAMPLES, cal.seed + ctx.seed + HELD_OUT_SEED_OFFSET,
-                    ctx.store, for_calibration=True,
-                    skip=held_out_skip(bool(own), cal_options, cal.samples), held_out=True,
-                ),
+                _held_out_feeds(ctx, own or cal_options, cal.seed + ctx.seed,
+                                FORMAT_CHOICE_SAMPLES, skip),
                 FORMAT_CHOICE_SAMPLES,
             )  # fmt: skip
         except PlanError as exc:
@@ -350,19 +360,7 @@ def _static(
             store_outputs(store, ctx.input_digest, feed, outputs)
 
     def held_out_feeds(samples: int, own: dict[str, Any], skip: int):
-        return feeds_for(
-            own or cal_options,
-            ctx.contract,
-            ctx.recipe_dir,
-            ctx.upstream,
-            samples,
-            seed + HELD_OUT_SEED_OFFSET,
-            ctx.store,
-            for_calibration=True,
-            # its own data: as told; the calibration files: the samples after calibration's
-            skip=skip,
-            held_out=True,
-        )
+        return _held_out_feeds(ctx, own or cal_options, seed, samples, skip)
 
     algorithms_record: dict[str, Any] | None = None
     if cfg.algorithms_auto is not None:

@@ -187,11 +187,14 @@ def _timed(record: dict[str, Any], started: float, samples: int) -> dict[str, An
 
 
 def _move(src: Path, out: Path) -> None:
-    """The kept candidate (and its external-data sidecars) to `out`."""
+    """The kept candidate, with the external-data files it references, to `out` (their
+    names unchanged: the model refers to them by name)."""
+    from winml_recipes.onnx.io import sidecar_paths
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, out)
-    for sidecar in src.parent.glob(src.name + "*data"):
-        shutil.copyfile(sidecar, out.parent / sidecar.name)
+    for sidecar in sidecar_paths(src):
+        shutil.move(sidecar, out.parent / sidecar.name)
+    shutil.move(src, out)
 
 
 def _summary(exc: Exception) -> str:
