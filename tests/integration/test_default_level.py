@@ -84,3 +84,19 @@ def test_a_cpu_build_records_its_default_level_agreement(tmp_path: Path) -> None
     assert at_default["sqnr_db"] == at_default["verified_sqnr_db"]  # the same arithmetic
     gate = next(g for g in verify["metrics"]["gates"] if g["output"].startswith("onnxruntime"))
     assert gate["passed"] and gate["threshold"] == -10.0
+
+
+def test_a_loss_that_leaves_the_output_right_to_any_purpose_is_not_counted() -> None:
+    """mtcnn-onet's face_prob at cpu/int8 (QLinearSoftmax at ALL): 59.5 dB verified, 48.5 dB
+    at the default level, right to any purpose, so it passes. The same 11 dB loss from 35 dB
+    (20 dB left) fails, and so does EfficientNet's 12 -> 0 dB."""
+    from winml_recipes.passes import verify_float
+
+    def gate(verified: float, default: float):
+        record = {"y": {"verified_sqnr_db": verified, "sqnr_db": default}}
+        return verify_float.default_level_gate(record)
+
+    assert gate(59.5, 48.5).passed
+    assert not gate(35.0, 24.0).passed
+    assert not gate(12.0, 0.0).passed
+    assert gate(30.0, 25.0).passed  # rounding moves an output a few dB

@@ -101,15 +101,54 @@ def _dense_with_row_bias(tmp_path: Path) -> Path:
 
 
 def test_row_bias_of_a_dense_layer(tmp_path: Path) -> None:
-    """(At w8a16 onnxruntime's QNN config leaves this bias alone: uint8 is the case.)"""
+    """(At w8a16 onnxruntime's QNN config leaves this bias alone: uint8 is the case.) The
+    quantizer is handed the bias as the vector it broadcasts as (graph/gemm_bias.py), so
+    the written graph needs no repair; the repair of what onnxruntime writes for a [1, N]
+    bias is checked on onnxruntime's own output below."""
     model = _dense_with_row_bias(tmp_path)
     rng = np.random.default_rng(1)
     feeds = [{"x": rng.normal(size=(1, 32)).astype(np.float32)} for _ in range(8)]
     repairs = _quantize(model, tmp_path / "q.onnx", feeds, "uint8")
     _runs_right(model, tmp_path / "q.onnx", feeds, 20)
+    assert repairs == []
+    written = onnx.load(str(tmp_path / "q.onnx"))
+    bias = next(t for t in written.graph.initializer if t.name == "dense/Reshape:0_quantized")
+    assert list(bias.dims) == [24]
+
+
+def test_row_bias_as_onnxruntime_writes_it_is_repaired(tmp_path: Path) -> None:
+    """onnxruntime's quantize_static on the [1, 24] bias itself (per-channel uint8 QDQ, 16
+    calibration samples): a [24] int32 scale on axis 0, whose size is 1, which the CPU EP
+    refuses to run; repair moves it to axis 1."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    from winml_recipes.quant.validity import repair
+
+    model = _dense_with_row_bias(tmp_path)
+    rng = np.random.default_rng(1)
+    feeds = [{"x": rng.normal(size=(1, 32)).astype(np.float32)} for _ in range(16)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.left = iter(feeds)
+
+        def get_next(self) -> dict | None:
+            return next(self.left, None)
+
+    out = tmp_path / "ort.onnx"
+    quantize_static(str(model), str(out), Reader(), quant_format=QuantFormat.QDQ,
+                    per_channel=True, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QUInt8)  # fmt: skip
+    repairs = repair(out, model)
     assert [(r["tensor"], r["repair"]) for r in repairs] == [
         ("dense/Reshape:0_quantized", "axis 0 -> 1")
     ]
+    _runs_right(model, out, feeds, 20)
 
 
 def _shared_bias(tmp_path: Path) -> Path:

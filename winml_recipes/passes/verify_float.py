@@ -72,9 +72,13 @@ DEFAULT_LEVEL = "onnxruntime default level"
 # at the same distance from float; EfficientNet's quantized whole-map AveragePool gave 0
 # for every logit at ALL (0 dB vs float, against 12 dB verified).
 DEFAULT_LEVEL_MAX_LOSS_DB = 10.0
-# At or above this SQNR vs float a run is float's to any purpose (a float build at ALL fuses
-# LayerNormalization or Gelu and rounds differently from BASIC): its change is not counted.
-EXACT_ENOUGH_DB = 60.0
+# At or above this SQNR vs float (an error of 1% of the signal) a run is right to any purpose,
+# however much closer the verified run was: its change is not counted. A float build at ALL
+# fuses LayerNormalization or Gelu and rounds differently from BASIC; a QDQ Softmax fused
+# into QLinearSoftmax (a table of 8-bit outputs) moved mtcnn-onet's face_prob from 59.5 dB
+# (BASIC) to 48.5 dB at cpu/int8, which withheld a right model. A fusion that computes
+# something else lands far below it (EfficientNet's pool: 0 dB).
+RIGHT_ENOUGH_DB = 40.0
 
 
 def default_level_record(
@@ -105,4 +109,4 @@ def default_level_note(record: dict[str, dict[str, float]]) -> str:
 
 
 def _change(m: dict[str, float]) -> float:
-    return 0.0 if m["sqnr_db"] >= EXACT_ENOUGH_DB else m["sqnr_db"] - m["verified_sqnr_db"]
+    return 0.0 if m["sqnr_db"] >= RIGHT_ENOUGH_DB else m["sqnr_db"] - m["verified_sqnr_db"]

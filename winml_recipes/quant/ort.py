@@ -110,7 +110,7 @@ def quantize_static_qdq(
         )
     with quiet_ort_logging(), _no_endless_sharing(), _unique_copies():
         quantize_static(
-            str(src),
+            _gemm_bias_vectors(src),
             str(out),
             calibration_data_reader=None,
             calibrate_method=CalibrationMethod.MinMax,
@@ -276,6 +276,27 @@ def batched_weights(src: Path) -> list[str]:
             readers.setdefault(name, set()).add(n.op_type)
     # only MatMul reads them: a constant another op reads too stays as onnxruntime types it
     return sorted(t for t, ops in readers.items() if ranks.get(t, 0) >= 3 and ops == {"MatMul"})
+
+
+def _gemm_bias_vectors(src: Path) -> str | onnx.ModelProto:
+    """`src` with each Gemm's constant [1, N] C as the vector [N] (graph/gemm_bias.py: exact,
+    and onnxruntime's quantizer takes a [1, N] C for a bias of N rows). Models over
+    LARGE_MODEL_BYTES are handed over as they are: the rewrite would hold their weights."""
+    from winml_recipes.onnx.io import load_model
+
+    graph = load_model(src, load_external_data=False).graph
+    dims = {i.name: list(i.dims) for i in graph.initializer}
+    rows = [n for n in graph.node if n.op_type == "Gemm" and len(n.input) > 2
+            and len(dims.get(n.input[2], [])) == 2 and dims[n.input[2]][0] == 1]  # fmt: skip
+    if not rows or _large(src):
+        return str(src)
+    import onnx_ir as ir
+
+    from winml_recipes.graph.gemm_bias import GemmBiasAsVectorPass
+
+    model = ir.from_proto(load_model(src))
+    GemmBiasAsVectorPass()(model)
+    return ir.to_proto(model)
 
 
 def _without_initializer_shapes(src: Path) -> str | onnx.ModelProto:

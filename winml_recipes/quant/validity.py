@@ -48,12 +48,52 @@ def repair(path: Path, float_path: Path) -> list[dict[str, str]]:
 
     # the graph alone first (scales are small and stored inline); the weights are read only
     # when there is something to repair
-    if not _repair_model(load_model(path, load_external_data=False), float_path):
+    graph_only = load_model(path, load_external_data=False)
+    unsorted = _unsorted(graph_only)
+    if not unsorted and not _repair_model(graph_only, float_path):
         return []
     model = load_model(path)
     done = _repair_model(model, float_path)
+    if unsorted:
+        model = _sorted(model)
+        done.append({
+            "node": unsorted, "tensor": "(graph)", "repair": "nodes sorted topologically",
+            "why": "onnxruntime's quantizer placed a node after a node (or a subgraph) that "
+                   "reads its output",
+        })  # fmt: skip
     save_model(model, path)
     return done
+
+
+def _unsorted(model: onnx.ModelProto) -> str | None:
+    """The first node onnx_ir's topological sort moves (None: the order is valid). silero-vad
+    at cpu/int8: onnxruntime appended the Q/DQ pair of an If's output after the next If,
+    whose body reads it from the outer scope."""
+    import onnx_ir as ir
+
+    ir_model = ir.from_proto(model)
+    before = [list(g) for g in ir_model.graphs()]
+    if not _sort(ir_model):
+        return None
+    for nodes, graph in zip(before, ir_model.graphs(), strict=True):
+        for old, new in zip(nodes, graph, strict=True):
+            if old is not new:
+                return old.name or old.op_type
+    return None
+
+
+def _sort(model) -> bool:
+    from onnx_ir.passes.common import TopologicalSortPass
+
+    return TopologicalSortPass()(model).modified
+
+
+def _sorted(model: onnx.ModelProto) -> onnx.ModelProto:
+    import onnx_ir as ir
+
+    ir_model = ir.from_proto(model)
+    _sort(ir_model)
+    return ir.to_proto(ir_model)
 
 
 def _repair_model(model: onnx.ModelProto, float_path: Path) -> list[dict[str, str]]:
