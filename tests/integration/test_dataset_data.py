@@ -63,7 +63,11 @@ def test_build_onnx_calibrates_and_verifies_on_saved_splits(tmp_path: Path) -> N
     assert verify["outputs"]["y"]["sqnr_db"] > 25
     noise = cli(*BUILD, "--onnx", model, "-o", tmp_path / "n", "--no-cache",
                 "--eval-data", f"{SAVED}:test")  # fmt: skip
-    assert noise.exit_code == 3, noise.stderr
+    # calibrated on synthetic inputs, judged on the test split: the static model misses
+    # verify's gates there, so mode auto keeps dynamic quantization, which holds them
+    choice = steps(noise)["quantize"]["metrics"]["format_choice"]
+    assert any(m.startswith("y: sqnr_db") for m in choice["tried"][0]["missed"]), choice
+    assert choice["kept"].startswith("dynamic")
 
 
 def test_a_recipe_reads_fewer_rows_than_samples(tmp_path: Path) -> None:

@@ -118,6 +118,17 @@ def compare_outputs(
     return compare_runs([reference], [candidate])
 
 
+def output_metrics(
+    refs: Sequence[Mapping[str, np.ndarray]], cands: Sequence[Mapping[str, np.ndarray]]
+) -> dict[str, dict[str, float]]:
+    """compare_runs, with each softmax output's whole-sample `argmax_agreement`: what
+    verify's per-output gates read."""
+    metrics = compare_runs(refs, cands)
+    for name, agreement in argmax_agreement(refs, cands).items():
+        metrics[name]["argmax_agreement"] = agreement
+    return metrics
+
+
 DISTRIBUTION_TOLERANCE = 1e-3  # how far from 1 a softmax row's sum may be (float rounding)
 
 

@@ -7,7 +7,7 @@ precision and device presets fill what the recipe leaves out.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +24,14 @@ from winml_recipes.sdk.ep import get_ep
 from winml_recipes.sdk.errors import PlanError
 from winml_recipes.sdk.passes import Pass, check_component, model_file, register
 from winml_recipes.sdk.target import Target
-from winml_recipes.sdk.types import DataRead, ModelFacts, PlanContext, StepContext, StepResult
+from winml_recipes.sdk.types import (
+    DataRead,
+    LaterStep,
+    ModelFacts,
+    PlanContext,
+    StepContext,
+    StepResult,
+)
 from winml_recipes.services.presets import precisions_of_kind
 
 if TYPE_CHECKING:
@@ -77,6 +84,19 @@ class QuantizePass(Pass[QuantizeOptions]):
             from winml_recipes.services.samples import check_split, open_split
 
             check_split(open_split(cal.dataset, ctx.recipe_dir), ctx.contract)
+
+    def with_later_steps(
+        self, options: dict[str, Any], later: Sequence[LaterStep]
+    ) -> tuple[dict[str, Any], str | None]:
+        """mode auto is held to the gates of the step that judges its model (verify's,
+        a recipe's own thresholds included), unless the recipe gives `held_to` itself."""
+        if options.get("mode") != "auto" or options.get("held_to") is not None:
+            return options, None
+        for step in later:
+            held = step.impl.held_to(step.config) if step.skip is None else None
+            if held is not None:
+                return {**options, "held_to": held}, None
+        return options, None
 
     def data_reads(self, config: QuantizeOptions) -> list[DataRead]:
         cal = config.calibration
@@ -262,7 +282,7 @@ def _static_or_dynamic(
 ) -> StepResult:
     """`mode: auto`: the static model, or a dynamic one where static misses the task on
     held-out samples (quant/format_choice.py)."""
-    from winml_recipes.quant.format_choice import choose_format
+    from winml_recipes.quant.format_choice import Judge, choose_format
     from winml_recipes.sdk.metrics import metric_for
     from winml_recipes.services.samples import outputs_for, take
 
@@ -271,10 +291,12 @@ def _static_or_dynamic(
     assert cal is not None
     cal_options = {k: v for k, v in vars(cal).items() if v is not None}
     metric = metric_for(ctx.task, ctx.contract)
+    # held to verify's gates where a verify step follows, else the task metric's defaults
+    judge = Judge(metric, cfg.held_to) if metric is not None or cfg.held_to else None
     held_out: list = []
     unscored = None
     own = cfg.held_out or {}
-    if metric is not None:
+    if judge is not None:
         skip = held_out_skip(bool(own), cal_options, cal.samples)
         try:
             held_out = take(
@@ -287,7 +309,7 @@ def _static_or_dynamic(
                 raise
             # the calibration files hold no more samples than calibration reads
             unscored = f"no held-out samples to score on ({exc.message}); set quantize.held_out"
-            metric = None
+            judge = None
 
     def reference() -> list:
         # kept in the store by content: verify reads the same float outputs for the same
@@ -301,7 +323,7 @@ def _static_or_dynamic(
         lambda dest, dyn: _dynamic(src, dest, dyn, exclude).metrics,
         held_out,
         reference,
-        metric,
+        judge,
         cfg,
         ctx.target.device,
         ctx.progress,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +13,14 @@ from winml_recipes.passes import verify_float
 from winml_recipes.passes import verify_zeroshot as zeroshot
 from winml_recipes.sdk.config import option
 from winml_recipes.sdk.errors import PassError, QualityGateError
-from winml_recipes.sdk.gates import Gate, gates_for
+from winml_recipes.sdk.gates import Gate
+from winml_recipes.sdk.held_to import (
+    THRESHOLDS,
+    Thresholds,
+    held_to_options,
+    output_gates,
+    task_gates,
+)
 from winml_recipes.sdk.passes import Pass, check_component, register
 from winml_recipes.sdk.target import Target
 from winml_recipes.sdk.types import DataRead, ModelFacts, PlanContext, StepContext, StepResult
@@ -22,16 +29,6 @@ DEFAULT_LEVEL_SAMPLES = 2
 
 if TYPE_CHECKING:
     from winml_recipes.sdk.estimates import EstimateInputs, MemoryEstimate
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    min_sqnr_db: float | None = option(None, "Minimum SQNR in dB.")
-    min_cosine: float | None = option(None, minimum=-1, maximum=1)
-    max_abs: float | None = option(None, "Maximum absolute error.", minimum=0)
-
-
-THRESHOLDS = tuple(f.name for f in fields(Thresholds))
 
 
 MAX_HELD_OUT = 64  # held-out samples verified by default (more: say samples explicitly)
@@ -167,6 +164,9 @@ class VerifyPass(Pass[VerifyConfig]):
     uses_contract = True
     judges_candidate = True
 
+    def held_to(self, config: VerifyConfig) -> dict[str, Any]:
+        return held_to_options(config)
+
     def skip_reason(self, facts: ModelFacts, config: VerifyConfig, target: Target) -> str | None:
         if not facts.has_reference:
             return "no float reference to compare with (the source is quantized: add dequantize)"
@@ -282,8 +282,8 @@ class VerifyPass(Pass[VerifyConfig]):
         self, src: Path | None, out_dir: Path, config: VerifyConfig, ctx: StepContext
     ) -> StepResult:
         from winml_recipes.services.runtime import (
-            argmax_agreement,
             compare_runs,
+            output_metrics,
             run_at_default_level,
             run_model,
         )
@@ -350,9 +350,7 @@ class VerifyPass(Pass[VerifyConfig]):
         target = _run_or_bisect(src, feeds, options, ctx, out_dir)
         target_seconds = round(time.perf_counter() - started, 2)
         advisory = _check_output_shapes(reference[0], target.outputs[0], ctx)
-        metrics = compare_runs(reference, target.outputs)
-        for name, agreement in argmax_agreement(reference, target.outputs).items():
-            metrics[name]["argmax_agreement"] = agreement
+        metrics = output_metrics(reference, target.outputs)
         record: dict[str, Any] = {"samples": samples, **target.record}
         record["target_seconds"] = target_seconds  # what `run` and `perf` estimate from
         if advisory:  # the file's declaration, not the model, was wrong: said, not failed
@@ -664,18 +662,7 @@ def _task_metric(
     if metric is None:
         return None
     values = metric.values(reference, candidate)
-    wanted = (
-        {k: g.threshold for k, g in metric.gates.items()} if config.task is None else config.task
-    )
-    unknown = sorted(set(wanted) - set(values))
-    if unknown:
-        raise PassError(
-            f"verify.task: {metric.name} has no {', '.join(unknown)}; it gives {', '.join(values)}"
-        )
-    gates = [
-        Gate("task", k, values[k], float(t), k not in metric.lower_is_better)
-        for k, t in wanted.items()
-    ]
+    gates = task_gates(metric, values, config.task)
     record = {
         "task": ctx.task,
         "metric": metric.name,
@@ -688,14 +675,8 @@ def _task_metric(
 def _gates(metrics: dict[str, dict[str, float]], config: VerifyConfig) -> list[Gate]:
     """Every output's gates: the step's thresholds, an output's own where `outputs` sets
     them, a probability map's decision IoU where `probability_decision_iou` asks for it."""
-    out: list[Gate] = []
-    per_output = config.outputs or {}
-    for name, m in metrics.items():
-        limits = {k: getattr(config, k) for k in THRESHOLDS}
-        auto = config.probability_decision_iou
-        if name in per_output:
-            given = {k: getattr(per_output[name], k) for k in THRESHOLDS}
-            limits |= {k: v for k, v in given.items() if v is not None}
-            auto = None  # the recipe said what this output is held to
-        out.extend(gates_for(name, m, limits, probability_decision_iou=auto))
-    return out
+    per_output = {
+        name: {k: getattr(t, k) for k in THRESHOLDS} for name, t in (config.outputs or {}).items()
+    }
+    limits = {k: getattr(config, k) for k in THRESHOLDS}
+    return output_gates(metrics, limits, per_output, config.probability_decision_iou)

@@ -13,6 +13,7 @@ from winml_recipes.presets import device_settings, precision_settings
 from winml_recipes.sdk.config import Schema, config_schema, option
 from winml_recipes.sdk.ep import ExecutionProvider, QuantRules, get_ep
 from winml_recipes.sdk.errors import PlanError
+from winml_recipes.sdk.held_to import HeldTo
 from winml_recipes.sdk.target import Target
 
 QuantType = Literal["uint8", "int8", "uint16", "int16"]
@@ -130,7 +131,7 @@ class QuantizeOptions:
         "static",
         "static: calibrated ranges (QDQ). dynamic: onnxruntime's run-time activation ranges "
         "(MatMulInteger/ConvInteger; CPU EPs). auto (CPU EPs): static, unless it misses the "
-        "task metric's gates on held-out samples and a dynamic candidate holds them.",
+        "verify step's gates (held_to) on held-out samples and a dynamic candidate holds them.",
     )
     format: Literal["qdq", "qoperator"] | None = option(None, "Default: the device preset.")
     activation_type: QuantType | None = option(None, "Default: the precision.")
@@ -154,6 +155,12 @@ class QuantizeOptions:
         "mode auto: the data the static model is scored on. Default: the calibration "
         "files' samples after the calibration ones, else the bundled held-out photos or "
         "speech (build --onnx: its --eval-data).",
+    )
+    held_to: HeldTo | None = option(
+        None,
+        "mode auto: the gates each candidate must hold (verify's option names). Default: "
+        "the verify step's after it (its thresholds, per-output ones and task gates), filled "
+        "in when planning.",
     )
     algorithms: (
         Annotated[tuple[Algorithm, ...], Schema(uniqueItems=True)]
@@ -206,6 +213,8 @@ class QuantConfig:
     algorithms: tuple[str, ...] = ()  # applied as given
     algorithms_auto: dict[str, Any] | None = None  # `auto`: chosen by score
     held_out: dict[str, str] | None = None  # mode auto's scoring data (None: the default)
+    # mode auto's gates (HeldTo options; None: the task metric's default gates)
+    held_to: dict[str, Any] | None = None
     repair_divergence: bool = True  # where the target departs from the simulation
 
     def to_dict(self) -> dict[str, Any]:
@@ -306,6 +315,11 @@ def resolve(options: QuantizeOptions, target: Target) -> QuantConfig:
         raise PlanError(
             "quantize: held_out is the data mode auto scores on; set mode: auto or remove held_out"
         )
+    if o.held_to is not None and mode != "auto":
+        raise PlanError(
+            "quantize: held_to is what mode auto holds its candidates to; set mode: auto or "
+            "remove held_to"
+        )
     held = [k for k, v in asdict(o.held_out).items() if v] if o.held_out is not None else []
     if len(held) > 1:
         raise PlanError(
@@ -331,12 +345,28 @@ def resolve(options: QuantizeOptions, target: Target) -> QuantConfig:
         auto=auto,
         repair_divergence=o.repair_divergence,
         held_out={k: v for k, v in asdict(o.held_out).items() if v} if o.held_out else None,
+        held_to=_held_to(o.held_to),
         **_algorithms(o, mode),
     )
     problem = rules.check(cfg) if ep_rules and rules is not None else None
     if problem is not None:
         raise PlanError(f"quantize: {problem}; change it or set ep_rules: false")
     return cfg
+
+
+def _held_to(held: HeldTo | None) -> dict[str, Any] | None:
+    """HeldTo as plain options (what sdk.held_to.judged reads), unset fields left out."""
+    if held is None:
+        return None
+    out = {k: v for k, v in asdict(held).items() if v is not None}
+    if held.outputs:
+        out["outputs"] = {
+            name: {k: v for k, v in asdict(t).items() if v is not None}
+            for name, t in held.outputs.items()
+        }
+    if held.task is not None:
+        out["task"] = dict(held.task)
+    return out
 
 
 def _algorithms(options: QuantizeOptions, mode: str) -> dict[str, Any]:

@@ -1,11 +1,10 @@
 """`mode: auto` (CPU EPs): static QDQ, unless it misses the task on held-out samples.
 
 The static model (calibrated ranges, the mode a CPU EP runs fastest) is scored on held-out
-samples on the target's EP against the float model by the catalog task's metric, at that
-metric's default gates (what verify holds it to unless the recipe says otherwise). Where it
-holds them it is kept and nothing else runs. Where it does not, onnxruntime's dynamic
-quantization is tried, which measures each activation's range on every run instead of
-fixing one from calibration:
+samples on the target's EP against the float model, by the gates verify will hold it to
+(below). Where it holds them it is kept and nothing else runs. Where it does not,
+onnxruntime's dynamic quantization is tried, which measures each activation's range on
+every run instead of fixing one from calibration:
 
 1. every op type onnxruntime quantizes dynamically (MatMulInteger, ConvInteger, ...);
 2. MatMul and Gemm only, convolutions float: what PyTorch's dynamic quantization
@@ -13,24 +12,33 @@ fixing one from calibration:
    transformers. Kept only where it quantizes at least MIN_QUANTIZED_FRACTION of the
    MatMul/Conv nodes, so a convolutional network cannot pass as float under an int8 label.
 
-The first candidate that holds every default gate is kept; where none does, the static
+The first candidate that holds every gate is kept; where none does, the static
 model is (verify then fails naming the layer where its error starts, which only a QDQ
 model can show). Measured on tiny random-weight models at cpu/int8 (docs/families.md):
 static misses its gate on EfficientNet (top-1 0.625), MobileViT segmentation (pixels 0.896)
 and wav2vec2 CTC (sequences 0 of 4); dynamic holds them (1.0; 0.959; 4 of 4 with MatMul
-only). Without a task metric there is nothing to judge by: static is kept.
+only).
+
+Each candidate is held to the gates the verify step after it holds the model to (the
+recipe's own thresholds, per-output ones and task gates: `held_to`, filled in when
+planning), so a candidate is kept only where verify will pass it. Without a verify step it
+is held to the task metric's default gates; with neither there is nothing to judge by and
+static is kept. magika (a Keras content-type classifier) at cpu/int8 with no task given:
+static QDQ misses verify's whole-sample argmax agreement on its softmax (0.625, gate 0.8),
+dynamic holds it (1.0).
 """
 
 from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from winml_recipes.quant.config import QuantConfig
+from winml_recipes.sdk.gates import Gate
 from winml_recipes.sdk.metrics import TaskMetric
 
 # the share of MatMul/Conv/Gemm nodes a dynamic candidate must quantize (by count)
@@ -44,18 +52,50 @@ DYNAMIC_CANDIDATES: dict[str, tuple[str, ...]] = {
 }
 
 
-def failed_gates(metric: TaskMetric, values: dict[str, float]) -> list[str]:
-    """The metric's default gates `values` misses, as 'name value (gate >= t)'."""
-    missed = []
-    for name, gate in metric.gates.items():
-        if name not in values:
-            continue
-        value = values[name]
-        holds = value >= gate.threshold if gate.higher_is_better else value <= gate.threshold
-        if not holds:
-            sign = ">=" if gate.higher_is_better else "<="
-            missed.append(f"{name} {value:.4g} (gate {sign} {gate.threshold:g})")
-    return missed
+@dataclass(frozen=True)
+class Judge:
+    """What a candidate is held to: `held_to` (HeldTo options: verify's gates), else the
+    task metric's default gates."""
+
+    metric: TaskMetric | None
+    held_to: Mapping[str, Any] | None = None
+
+    @property
+    def by(self) -> str:
+        """What the candidates were held to, as the console and the manifest say it."""
+        if self.held_to is None:
+            assert self.metric is not None
+            return f"{self.metric.name}'s default gates"
+        what = self.metric.name if self.metric is not None else "per output"
+        return f"verify's gates ({what})"
+
+    def judge(self, reference: Sequence[dict], outputs: Sequence[dict]) -> tuple[dict, list[str]]:
+        """(the values it judged by, the gates missed as 'what value (gate >= t)')."""
+        from winml_recipes.onnx.metrics import output_metrics
+        from winml_recipes.sdk.held_to import judged, task_gates
+
+        values = self.metric.values(reference, outputs) if self.metric is not None else None
+        if self.held_to is None:
+            assert self.metric is not None and values is not None
+            known = {k: t.threshold for k, t in self.metric.gates.items() if k in values}
+            gates = task_gates(self.metric, values, known)
+        else:
+            gates = judged(self.held_to, self.metric, values, output_metrics(reference, outputs))
+        missed = [_missed(g) for g in gates if not g.holds]
+        record: dict[str, Any] = {}
+        if values is not None:
+            record["task_metric"] = {k: round(v, 4) for k, v in values.items()}
+        outputs_held = {f"{g.output}: {g.metric}": round(g.value, 4) for g in gates
+                        if g.output != "task" and not g.advisory}  # fmt: skip
+        if outputs_held:
+            record["outputs"] = outputs_held
+        return record, missed
+
+
+def _missed(gate: Gate) -> str:
+    sign = ">=" if gate.higher_is_better else "<="
+    what = gate.metric if gate.output == "task" else f"{gate.output}: {gate.metric}"
+    return f"{what} {gate.value:.4g} (gate {sign} {gate.threshold:g})"
 
 
 def dynamic_config(cfg: QuantConfig, op_types: tuple[str, ...]) -> QuantConfig:
@@ -88,14 +128,14 @@ def choose_format(
     quantize_dynamic: Callable[[Path, QuantConfig], dict[str, Any]],
     held_out: Sequence[dict],
     reference: Callable[[], list[dict]],
-    metric: TaskMetric | None,
+    judge: Judge | None,
     cfg: QuantConfig,
     device: str,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Quantize into `out` with the first candidate that holds `metric`'s default gates on
-    `held_out`; returns (the kept candidate's metrics, the record). `quantize_static(dest)`
-    and `quantize_dynamic(dest, cfg)` write a candidate and return its step metrics;
+    """Quantize into `out` with the first candidate `judge` passes on `held_out`; returns
+    (the kept candidate's metrics, the record). `quantize_static(dest)` and
+    `quantize_dynamic(dest, cfg)` write a candidate and return its step metrics;
     `reference()` gives the float model's outputs for `held_out`."""
     from winml_recipes.runtime.target import run_on_target
 
@@ -104,9 +144,9 @@ def choose_format(
     static_dest.parent.mkdir(parents=True, exist_ok=True)
     kept_metrics = quantize_static(static_dest)
     record: dict[str, Any] = {"kept": STATIC, "tried": []}
-    if metric is None:
+    if judge is None:
         _move(static_dest, out)
-        record["why"] = "no task metric for this component: static QDQ kept unscored"
+        record["why"] = "no task metric and no verify step to judge by: static QDQ kept unscored"
         return kept_metrics, record
     float_outputs = reference()
     planned = 1 + len(DYNAMIC_CANDIDATES)
@@ -115,14 +155,13 @@ def choose_format(
         op_types = DYNAMIC_CANDIDATES.get(name) or cfg.op_types
         t0 = time.perf_counter()
         outputs = run_on_target(dest, held_out, device, ep=cfg.ep).outputs
-        values = metric.values(float_outputs, outputs)
-        missed = failed_gates(metric, values)
+        values, missed = judge.judge(float_outputs, outputs)
         record["tried"].append({
             "candidate": name,
             "activation_type": metrics.get("activation_type"),
             "op_types": list(op_types) or "all",
             "matmul_conv_quantized_fraction": metrics.get("matmul_conv_quantized_fraction"),
-            "task_metric": {k: round(v, 4) for k, v in values.items()},
+            **values,
             "missed": missed,
             "seconds": round(time.perf_counter() - t0, 2),
         })  # fmt: skip
@@ -133,13 +172,13 @@ def choose_format(
     missed = score(STATIC, static_dest, kept_metrics)
     if not missed:
         _move(static_dest, out)
-        record["why"] = f"static QDQ holds {metric.name}'s gates on held-out samples"
+        record["why"] = f"static QDQ holds {judge.by} on held-out samples"
         return kept_metrics, _timed(record, started, len(held_out))
     refused = why_no_dynamic(cfg)
     if refused is not None:
         _move(static_dest, out)
         record["why"] = (
-            f"static QDQ misses {metric.name}'s gates on held-out samples ({'; '.join(missed)}); "
+            f"static QDQ misses {judge.by} on held-out samples ({'; '.join(missed)}); "
             f"dynamic candidates not tried: {refused}"
         )
         return kept_metrics, _timed(record, started, len(held_out))
@@ -170,13 +209,13 @@ def choose_format(
             _move(dest, out)
             record["kept"] = name
             record["why"] = (
-                f"static QDQ misses {metric.name}'s gates on held-out samples "
+                f"static QDQ misses {judge.by} on held-out samples "
                 f"({'; '.join(missed)}); {name} holds them"
             )
             return metrics, _timed(record, started, len(held_out))
     _move(static_dest, out)
     record["why"] = (
-        f"static QDQ misses {metric.name}'s gates on held-out samples ({'; '.join(missed)}) "
+        f"static QDQ misses {judge.by} on held-out samples ({'; '.join(missed)}) "
         "and no dynamic candidate holds them: static kept (verify names where its error starts)"
     )
     return kept_metrics, _timed(record, started, len(held_out))

@@ -144,6 +144,11 @@ class Pass(ABC, Generic[ConfigT]):
         on the CPU EP."""
         return False
 
+    def held_to(self, config: ConfigT) -> dict[str, Any] | None:
+        """The gates this step holds the model it gets to, as `sdk.held_to.HeldTo` options,
+        for a step before it that chooses between candidates (None: it judges nothing)."""
+        return None
+
     def with_later_steps(
         self, options: dict[str, Any], later: Sequence[LaterStep]
     ) -> tuple[dict[str, Any], str | None]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names, for type checkers and editors
-    from winml_recipes.onnx.metrics import argmax_agreement, compare_runs
+    from winml_recipes.onnx.metrics import argmax_agreement, compare_runs, output_metrics
     from winml_recipes.runtime.bisect import explain
     from winml_recipes.runtime.epcontext import compile_epcontext
     from winml_recipes.runtime.providers import (
@@ -50,6 +50,7 @@ __all__ = [
     "identity",
     "open_session",
     "optimize_offline",
+    "output_metrics",
     "part_models",
     "plan_split",
     "provider_for",
@@ -79,7 +80,7 @@ def skip_if_unavailable(ep: Any, *, required: bool = False) -> StepResult | None
 
 def __getattr__(name: str) -> Any:
     """The implementation of `name`, imported when first asked for."""
-    if name in ("compare_runs", "argmax_agreement"):
+    if name in ("compare_runs", "argmax_agreement", "output_metrics"):
         from winml_recipes.onnx import metrics as module
 
         return getattr(module, name)
