@@ -141,3 +141,41 @@ def test_gemm_row_bias_as_vector_is_exact(tmp_path: Path, shared: bool) -> None:
     for want, got in zip(run_model(before, feeds), run_model(after, feeds), strict=True):
         for name in want:
             np.testing.assert_array_equal(want[name], got[name])
+
+
+def test_gemm_row_bias_copy_takes_a_free_name_and_graph_outputs_keep_their_shape() -> None:
+    """A shared C's copy is not named like a value the model has (`c_vector` is a node's
+    output here), and a C the graph also outputs is left as it is."""
+    import onnx
+    import onnx_ir as ir
+    from onnx import TensorProto, helper, numpy_helper
+
+    from winml_recipes.graph.gemm_bias import GemmBiasAsVectorPass
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(size=(4, 5)).astype(np.float32), "w")
+
+    def model(output_c: bool) -> ir.Model:
+        c = numpy_helper.from_array(rng.normal(size=(1, 5)).astype(np.float32), "c")
+        nodes = [helper.make_node("Gemm", ["x", "w", "c"], ["y"], name="dense"),
+                 helper.make_node("Add", ["y", "c"], ["c_vector"], name="taken")]  # fmt: skip
+        outputs = [helper.make_tensor_value_info("c_vector", TensorProto.FLOAT, [3, 5])]
+        if output_c:
+            outputs.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, 5]))
+        graph = helper.make_graph(
+            nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+            outputs, [w, c],
+        )  # fmt: skip
+        proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                  ir_version=10)  # fmt: skip
+        return ir.from_proto(proto)
+
+    shared = model(output_c=False)
+    rewrite = GemmBiasAsVectorPass()
+    assert rewrite(shared).modified
+    proto = ir.to_proto(shared)
+    onnx.checker.check_model(proto, full_check=True)  # SSA: no name given twice
+    gemm = next(n for n in proto.graph.node if n.op_type == "Gemm")
+    assert gemm.input[2] not in ("c", "c_vector")
+    outputs_c = model(output_c=True)
+    assert not GemmBiasAsVectorPass()(outputs_c).modified

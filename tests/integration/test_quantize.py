@@ -383,6 +383,13 @@ PLAN_CONTRADICTIONS = [
     ),
     pytest.param(
         "cpu",
+        "int8",
+        "  - quantize: {mode: auto, held_to: {outputs: {yy: {min_sqnr_db: 3}}}}\n",
+        "quantize.held_to.outputs: 'yy' is not an output of model (did you mean 'y'?); outputs: y",
+        id="held-to-output-typo",
+    ),
+    pytest.param(
+        "cpu",
         "uint8",
         "  - quantize\n  - quantize: {calibration: {samples: 4}}\n",
         "model: two quantize steps; keep one (once per component)",

@@ -110,7 +110,9 @@ def test_row_bias_of_a_dense_layer(tmp_path: Path) -> None:
     feeds = [{"x": rng.normal(size=(1, 32)).astype(np.float32)} for _ in range(8)]
     repairs = _quantize(model, tmp_path / "q.onnx", feeds, "uint8")
     _runs_right(model, tmp_path / "q.onnx", feeds, 20)
-    assert repairs == []
+    assert [(r["node"], r["tensor"], r["repair"]) for r in repairs] == [
+        ("dense", "dense/Reshape:0", "C [1, N] given to the quantizer as [N]")
+    ]  # and nothing repaired after the quantizer
     written = onnx.load(str(tmp_path / "q.onnx"))
     bias = next(t for t in written.graph.initializer if t.name == "dense/Reshape:0_quantized")
     assert list(bias.dims) == [24]
@@ -286,3 +288,38 @@ def test_reciprocal_of_a_layer_norm_stays_float_on_htp(tmp_path: Path) -> None:
               .astype(np.float32)} for _ in range(8)]  # fmt: skip
     _quantize(model, tmp_path / "q.onnx", feeds, "w8a16")
     _runs_right(model, tmp_path / "q.onnx", feeds, 40)
+
+
+def test_nodes_out_of_order_inside_a_subgraph_are_sorted(tmp_path: Path) -> None:
+    """An If's then-branch whose Relu reads a value its Neg makes after it: the checker
+    refuses the graph; repair sorts the branch (the pass's own `modified` looks at the main
+    graph only) and records the node it moved."""
+    from winml_recipes.quant.validity import repair
+    from winml_recipes.runtime.sessions import run_model
+
+    then = helper.make_graph(
+        [helper.make_node("Relu", ["n"], ["t"], name="relu"),
+         helper.make_node("Neg", ["x"], ["n"], name="neg")],
+        "then", [], [helper.make_tensor_value_info("t", F, [2])],
+    )  # fmt: skip
+    other = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["e"], name="same")],
+        "else", [], [helper.make_tensor_value_info("e", F, [2])],
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], name="if", then_branch=then, else_branch=other)],
+        "g",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x", F, [2])],
+        [helper.make_tensor_value_info("y", F, [2])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(onnx.checker.ValidationError):
+        onnx.checker.check_model(str(path))
+    done = repair(path, path)
+    assert [(r["node"], r["repair"]) for r in done] == [("relu", "nodes sorted topologically")]
+    onnx.checker.check_model(str(path), full_check=True)
+    feeds = [{"c": np.array(True), "x": np.array([1.0, -2.0], np.float32)}]
+    np.testing.assert_array_equal(run_model(path, feeds)[0]["y"], [0.0, 2.0])

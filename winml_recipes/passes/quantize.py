@@ -65,9 +65,14 @@ class QuantizePass(Pass[QuantizeOptions]):
     sample_inputs = "calibration"  # an inputs_from component calibrates as this one did
 
     def check(self, config: QuantizeOptions, ctx: PlanContext) -> None:
+        from winml_recipes.sdk.held_to import check_output_names
+
         cfg = resolve(config, ctx.target)
         cal = cfg.calibration
         _check_data(cfg.held_out or {}, ctx, "quantize.held_out")
+        check_output_names(
+            (cfg.held_to or {}).get("outputs") or {}, ctx, "quantize.held_to.outputs"
+        )
         if cal is not None and cal.inputs_from:
             check_component(cal.inputs_from, ctx, "quantize.calibration.inputs_from")
         if cal is not None and cal.npz:

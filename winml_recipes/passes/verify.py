@@ -197,19 +197,10 @@ class VerifyPass(Pass[VerifyConfig]):
         return best
 
     def check(self, config: VerifyConfig, ctx: PlanContext) -> None:
-        import difflib
-
         from winml_recipes.sdk.errors import PlanError
+        from winml_recipes.sdk.held_to import check_output_names
 
-        known = [s.name for s in ctx.contract.outputs]
-        for name in config.outputs or {}:
-            if name not in known:
-                close = difflib.get_close_matches(name, known, n=1)
-                hint = f" (did you mean '{close[0]}'?)" if close else ""
-                raise PlanError(
-                    f"verify.outputs: '{name}' is not an output of {ctx.component}{hint}; "
-                    f"outputs: {', '.join(known)}"
-                )
+        check_output_names(config.outputs or {}, ctx, "verify.outputs")
         if config.inputs_from:
             check_component(config.inputs_from, ctx, "verify.inputs_from")
         if config.zero_shot_with:

@@ -21,7 +21,7 @@ only).
 
 Each candidate is held to the gates the verify step after it holds the model to (the
 recipe's own thresholds, per-output ones and task gates: `held_to`, filled in when
-planning), so a candidate is kept only where verify will pass it. Without a verify step it
+planning), so a candidate those gates would withhold is not kept. Without a verify step it
 is held to the task metric's default gates; with neither there is nothing to judge by and
 static is kept. magika (a Keras content-type classifier) at cpu/int8 with no task given:
 static QDQ misses verify's whole-sample argmax agreement on its softmax (0.625, gate 0.8),

@@ -108,9 +108,10 @@ def quantize_static_qdq(
             tensor_overrides,
             exclude,
         )
+    model, handed = _gemm_bias_vectors(src)
     with quiet_ort_logging(), _no_endless_sharing(), _unique_copies():
         quantize_static(
-            _gemm_bias_vectors(src),
+            model,
             str(out),
             calibration_data_reader=None,
             calibrate_method=CalibrationMethod.MinMax,
@@ -123,7 +124,7 @@ def quantize_static_qdq(
     _even_out_dead_channels(out)
     if rules is not None:
         rules.after_quantize(out)
-    return repair(out, src) if cfg.format == "qdq" else []
+    return [*handed, *(repair(out, src) if cfg.format == "qdq" else [])]
 
 
 def _even_out_dead_channels(path: Path) -> None:
@@ -278,25 +279,28 @@ def batched_weights(src: Path) -> list[str]:
     return sorted(t for t, ops in readers.items() if ranks.get(t, 0) >= 3 and ops == {"MatMul"})
 
 
-def _gemm_bias_vectors(src: Path) -> str | onnx.ModelProto:
+def _gemm_bias_vectors(src: Path) -> tuple[str | onnx.ModelProto, list[dict[str, str]]]:
     """`src` with each Gemm's constant [1, N] C as the vector [N] (graph/gemm_bias.py: exact,
-    and onnxruntime's quantizer takes a [1, N] C for a bias of N rows). Models over
-    LARGE_MODEL_BYTES are handed over as they are: the rewrite would hold their weights."""
-    from winml_recipes.onnx.io import load_model
-
-    graph = load_model(src, load_external_data=False).graph
-    dims = {i.name: list(i.dims) for i in graph.initializer}
-    rows = [n for n in graph.node if n.op_type == "Gemm" and len(n.input) > 2
-            and len(dims.get(n.input[2], [])) == 2 and dims[n.input[2]][0] == 1]  # fmt: skip
-    if not rows or _large(src):
-        return str(src)
+    and onnxruntime's quantizer takes a [1, N] C for a bias of N rows), and a record per C.
+    Models over LARGE_MODEL_BYTES are handed over as they are: the rewrite would hold their
+    weights."""
     import onnx_ir as ir
 
-    from winml_recipes.graph.gemm_bias import GemmBiasAsVectorPass
+    from winml_recipes.graph.gemm_bias import GemmBiasAsVectorPass, row_biases
+    from winml_recipes.onnx.io import load_model
 
+    if not row_biases(ir.from_proto(load_model(src, load_external_data=False))) or _large(src):
+        return str(src), []
     model = ir.from_proto(load_model(src))
-    GemmBiasAsVectorPass()(model)
-    return ir.to_proto(model)
+    rewrite = GemmBiasAsVectorPass()
+    rewrite(model)
+    done = [
+        {"node": gemm, "tensor": bias, "repair": "C [1, N] given to the quantizer as [N]",
+         "why": "onnxruntime's quantizer takes a [1, N] Gemm bias for N rows (a ValueError "
+                "in its int32-bias scale adjustment, or per-axis parameters on axis 0)"}
+        for gemm, bias in rewrite.rewritten
+    ]  # fmt: skip
+    return ir.to_proto(model), done
 
 
 def _without_initializer_shapes(src: Path) -> str | onnx.ModelProto:

@@ -14,10 +14,13 @@ trained Keras/TensorFlow graphs converted by tf2onnx:
   get the bias, and a Transpose with perm {0, 2, 3, 1} meets a tensor of shape {36}).
   quant/ort.py gives the copies names no tensor has, so this one is prevented.
 
-`repair` fixes the first two on the written model (the axis that fits, or the tensor kept in
-float, each recorded with its reason); `check` then runs onnx's checker with strict shape
-inference and one CPU inference, and raises a one-line error naming the node when either
-fails: an invalid graph is the quantize step's error, never the target's.
+- nodes out of order: an If body reading a Q/DQ pair placed after the If (silero-vad).
+
+`repair` fixes the first two and the last on the written model (the axis that fits, the
+tensor kept in float, the nodes sorted; each recorded with its reason); `check` then runs
+onnx's checker with strict shape inference and one CPU inference, and raises a one-line
+error naming the node when either fails: an invalid graph is the quantize step's error,
+never the target's.
 """
 
 from __future__ import annotations
@@ -49,51 +52,59 @@ def repair(path: Path, float_path: Path) -> list[dict[str, str]]:
     # the graph alone first (scales are small and stored inline); the weights are read only
     # when there is something to repair
     graph_only = load_model(path, load_external_data=False)
-    unsorted = _unsorted(graph_only)
-    if not unsorted and not _repair_model(graph_only, float_path):
-        return []
-    model = load_model(path)
-    done = _repair_model(model, float_path)
-    if unsorted:
-        model = _sorted(model)
+    done: list[dict[str, str]] = []
+    moved = _sort_in_place(graph_only)
+    if moved is not None:  # first, so the repairs below see the graph in order
+        _write_graph(graph_only, path)
         done.append({
-            "node": unsorted, "tensor": "(graph)", "repair": "nodes sorted topologically",
+            "node": moved, "tensor": "(graph)", "repair": "nodes sorted topologically",
             "why": "onnxruntime's quantizer placed a node after a node (or a subgraph) that "
                    "reads its output",
         })  # fmt: skip
+    if not _repair_model(graph_only, float_path):
+        return done
+    model = load_model(path)
+    done = [*_repair_model(model, float_path), *done]
     save_model(model, path)
     return done
 
 
-def _unsorted(model: onnx.ModelProto) -> str | None:
-    """The first node onnx_ir's topological sort moves (None: the order is valid). silero-vad
-    at cpu/int8: onnxruntime appended the Q/DQ pair of an If's output after the next If,
-    whose body reads it from the outer scope."""
+def _sort_in_place(model: onnx.ModelProto) -> str | None:
+    """Sort `model`'s nodes, subgraphs included, with onnx_ir's TopologicalSortPass where
+    they are out of order; the first node it moved (None: the order was valid, `model` is
+    unchanged). silero-vad at cpu/int8: onnxruntime appended the Q/DQ pair of an If's output
+    after the next If, whose body reads it from the outer scope."""
     import onnx_ir as ir
+    from onnx_ir.passes.common import TopologicalSortPass
 
     ir_model = ir.from_proto(model)
     before = [list(g) for g in ir_model.graphs()]
-    if not _sort(ir_model):
-        return None
-    for nodes, graph in zip(before, ir_model.graphs(), strict=True):
-        for old, new in zip(nodes, graph, strict=True):
-            if old is not new:
-                return old.name or old.op_type
-    return None
+    TopologicalSortPass()(ir_model)
+    # compared here: the pass's `modified` looks at the main graph and functions only
+    moved = next(
+        (old.name or old.op_type
+         for nodes, graph in zip(before, ir_model.graphs(), strict=True)
+         for old, new in zip(nodes, graph, strict=True) if old is not new),
+        None,
+    )  # fmt: skip
+    if moved is not None:
+        model.CopyFrom(ir.to_proto(ir_model))  # external weights stay references to their file
+    return moved
 
 
-def _sort(model) -> bool:
-    from onnx_ir.passes.common import TopologicalSortPass
+def _write_graph(model: onnx.ModelProto, path: Path) -> None:
+    """`model` (its weights inline or referencing the files beside `path`) over `path`
+    alone, atomically; its external-data files are not touched."""
+    import os
+    import tempfile
 
-    return TopologicalSortPass()(model).modified
-
-
-def _sorted(model: onnx.ModelProto) -> onnx.ModelProto:
-    import onnx_ir as ir
-
-    ir_model = ir.from_proto(model)
-    _sort(ir_model)
-    return ir.to_proto(ir_model)
+    fd, tmp = tempfile.mkstemp(prefix=".sorted-", suffix=".onnx", dir=path.parent)
+    os.close(fd)
+    try:
+        onnx.save_model(model, tmp)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def _repair_model(model: onnx.ModelProto, float_path: Path) -> list[dict[str, str]]:
@@ -270,6 +281,9 @@ def _float_value(quantized: str, floats: dict[str, np.ndarray]) -> np.ndarray | 
     base = quantized.removesuffix("_quantized")
     if base in floats:
         return floats[base]
+    vector = base.rstrip("_").removesuffix("_vector")  # a Gemm bias given as [N] (gemm_bias)
+    if vector != base and vector in floats:
+        return floats[vector].reshape(-1)
     stripped = base.rstrip("0123456789")
     return floats.get(stripped) if stripped != base else None
 

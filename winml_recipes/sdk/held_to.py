@@ -3,20 +3,22 @@
 `verify` holds the candidate to per-output thresholds (SQNR, cosine, max_abs; a probability
 map to the IoU of its decisions) and to the task metric's gates. A step before it that
 chooses between candidates (quantize's `mode: auto`) is given the same gates when planning
-(`Pass.held_to`, `Pass.with_later_steps`), so it keeps a candidate only when verify will
-pass it too, with a recipe's own stricter thresholds included.
+(`Pass.held_to`, `Pass.with_later_steps`), so it does not keep a candidate those gates
+would withhold, a recipe's own stricter thresholds included. (verify's checks of the float
+reference, of onnxruntime's default level and of two-tower agreement are its own.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from winml_recipes.sdk.config import option
-from winml_recipes.sdk.errors import PassError
+from winml_recipes.sdk.errors import PassError, PlanError
 from winml_recipes.sdk.gates import THRESHOLD_METRICS, Gate, gates_for
 from winml_recipes.sdk.metrics import TaskMetric
+from winml_recipes.sdk.types import PlanContext
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,8 @@ THRESHOLDS = tuple(f.name for f in fields(Thresholds))
 
 @dataclass(frozen=True)
 class HeldTo:
-    """What verify holds a candidate to (its options of the same names)."""
+    """What verify holds a candidate to (its options of the same names). Written by hand,
+    an unset threshold gates nothing: verify's own defaults (30 dB, 0.99) are not implied."""
 
     min_sqnr_db: float | None = option(None, "Minimum SQNR in dB.")
     min_cosine: float | None = option(None, minimum=-1, maximum=1)
@@ -79,20 +82,39 @@ def output_gates(
 
 
 def task_gates(
-    metric: TaskMetric, values: Mapping[str, float], wanted: Mapping[str, float] | None
+    metric: TaskMetric,
+    values: Mapping[str, float],
+    wanted: Mapping[str, float] | None,
+    where: str = "verify.task",
 ) -> list[Gate]:
-    """The task metric's gates: `wanted` (name -> threshold), else the metric's defaults."""
+    """The task metric's gates: `wanted` (name -> threshold; the option at `where`), else
+    the metric's defaults."""
     if wanted is None:
         wanted = {k: g.threshold for k, g in metric.gates.items()}
     unknown = sorted(set(wanted) - set(values))
     if unknown:
         raise PassError(
-            f"verify.task: {metric.name} has no {', '.join(unknown)}; it gives {', '.join(values)}"
+            f"{where}: {metric.name} has no {', '.join(unknown)}; it gives {', '.join(values)}"
         )
     return [
         Gate("task", k, values[k], float(t), k not in metric.lower_is_better)
         for k, t in wanted.items()
     ]
+
+
+def check_output_names(names: Iterable[str], ctx: PlanContext, where: str) -> None:
+    """Each of `names` is an output of the component (a PlanError naming the closest)."""
+    import difflib
+
+    known = [s.name for s in ctx.contract.outputs]
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise PlanError(
+                f"{where}: '{name}' is not an output of {ctx.component}{hint}; "
+                f"outputs: {', '.join(known)}"
+            )
 
 
 def judged(
@@ -108,7 +130,7 @@ def judged(
                          held.get("probability_decision_iou"))  # fmt: skip
     if metric is None or task_values is None:
         return gates
-    task = task_gates(metric, task_values, held.get("task"))
+    task = task_gates(metric, task_values, held.get("task"), "quantize.held_to.task")
     if held.get("task_decides") and task:
         gates = [Gate(g.output, g.metric, g.value, g.threshold, g.higher_is_better, g.kind, True)
                  for g in gates]  # fmt: skip
