@@ -74,6 +74,8 @@ def _sort_in_place(model: onnx.ModelProto) -> str | None:
     they are out of order; the first node it moved (None: the order was valid, `model` is
     unchanged). silero-vad at cpu/int8: onnxruntime appended the Q/DQ pair of an If's output
     after the next If, whose body reads it from the outer scope."""
+    import gc
+
     import onnx_ir as ir
     from onnx_ir.passes.common import TopologicalSortPass
 
@@ -89,6 +91,8 @@ def _sort_in_place(model: onnx.ModelProto) -> str | None:
     )  # fmt: skip
     if moved is not None:
         model.CopyFrom(ir.to_proto(ir_model))  # external weights stay references to their file
+    del ir_model, before
+    gc.collect()  # onnx_ir's values and nodes refer to each other: free the weights it holds
     return moved
 
 
