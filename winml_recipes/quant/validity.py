@@ -74,6 +74,8 @@ def _sort_in_place(model: onnx.ModelProto) -> str | None:
     they are out of order; the first node it moved (None: the order was valid, `model` is
     unchanged). silero-vad at cpu/int8: onnxruntime appended the Q/DQ pair of an If's output
     after the next If, whose body reads it from the outer scope."""
+    if not _out_of_order(model.graph, set()):
+        return None
     import gc
 
     import onnx_ir as ir
@@ -94,6 +96,22 @@ def _sort_in_place(model: onnx.ModelProto) -> str | None:
     del ir_model, before
     gc.collect()  # onnx_ir's values and nodes refer to each other: free the weights it holds
     return moved
+
+
+def _out_of_order(graph: onnx.GraphProto, outer: set[str]) -> bool:
+    """Whether a node of `graph` (or of a subgraph, reading values of the scopes around it)
+    reads a value no earlier node, input or initializer gives. Read on the protobuf: onnx_ir
+    is imported only to sort, as its import stays in memory through the steps after."""
+    known = outer | {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    for node in graph.node:
+        if any(name and name not in known for name in node.input):
+            return True
+        for attr in node.attribute:
+            subgraphs = [*([attr.g] if attr.HasField("g") else []), *attr.graphs]
+            if any(_out_of_order(g, known) for g in subgraphs):
+                return True
+        known.update(node.output)
+    return False
 
 
 def _write_graph(model: onnx.ModelProto, path: Path) -> None:
