@@ -92,6 +92,12 @@ class Judge:
         return record, missed
 
 
+def _brief(missed: Sequence[str], shown: int = 3) -> str:
+    """The first `shown` missed gates, and how many more (a model of many outputs)."""
+    more = f"; and {len(missed) - shown} more" if len(missed) > shown else ""
+    return "; ".join(missed[:shown]) + more
+
+
 def _missed(gate: Gate) -> str:
     sign = ">=" if gate.higher_is_better else "<="
     what = gate.metric if gate.output == "task" else f"{gate.output}: {gate.metric}"
@@ -178,7 +184,7 @@ def choose_format(
     if refused is not None:
         _move(static_dest, out)
         record["why"] = (
-            f"static QDQ misses {judge.by} on held-out samples ({'; '.join(missed)}); "
+            f"static QDQ misses {judge.by} on held-out samples ({_brief(missed)}); "
             f"dynamic candidates not tried: {refused}"
         )
         return kept_metrics, _timed(record, started, len(held_out))
@@ -210,12 +216,12 @@ def choose_format(
             record["kept"] = name
             record["why"] = (
                 f"static QDQ misses {judge.by} on held-out samples "
-                f"({'; '.join(missed)}); {name} holds them"
+                f"({_brief(missed)}); {name} holds them"
             )
             return metrics, _timed(record, started, len(held_out))
     _move(static_dest, out)
     record["why"] = (
-        f"static QDQ misses {judge.by} on held-out samples ({'; '.join(missed)}) "
+        f"static QDQ misses {judge.by} on held-out samples ({_brief(missed)}) "
         "and no dynamic candidate holds them: static kept (verify names where its error starts)"
     )
     return kept_metrics, _timed(record, started, len(held_out))
