@@ -11,7 +11,7 @@ reference, of onnxruntime's default level and of two-tower agreement are its own
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from winml_recipes.sdk.config import option
@@ -132,6 +132,5 @@ def judged(
         return gates
     task = task_gates(metric, task_values, held.get("task"), "quantize.held_to.task")
     if held.get("task_decides") and task:
-        gates = [Gate(g.output, g.metric, g.value, g.threshold, g.higher_is_better, g.kind, True)
-                 for g in gates]  # fmt: skip
+        gates = [replace(g, advisory=True) for g in gates]
     return [*task, *gates]
